@@ -1,0 +1,36 @@
+/* err.c: messages and names for kw_err.h codes. */
+#include "kw_err.h"
+
+#include <string.h>
+
+const char *kw_strerror(int err)
+{
+    switch (err) {
+#define XX(name, code, msg) \
+    case (code):            \
+        return (msg);
+        KW_ERR_MAP(XX)
+#undef XX
+    default:
+        break;
+    }
+    if (err < 0 && err > -1000)
+        return strerror(-err);
+    return err == 0 ? "success" : "unknown error";
+}
+
+const char *kw_err_name(int err)
+{
+    switch (err) {
+#define XX(name, code, msg) \
+    case (code):            \
+        return "KW_" #name;
+        KW_ERR_MAP(XX)
+#undef XX
+    default:
+        break;
+    }
+    if (err < 0 && err > -1000)
+        return "ESYS"; /* an errno; kw_strerror() names it */
+    return err == 0 ? "OK" : "EUNKNOWN";
+}
