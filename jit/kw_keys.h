@@ -1,0 +1,83 @@
+/* kw_keys.h: compile keys and their digests (prefix kw_keys_).
+ *
+ * Turns a validated model and resolved deployment into the compile keys of
+ * spec/warmup-keys.md §4 (de-duplicated, crossed with every arch), the
+ * workspace sizes of §5, and the BLAKE2b-256 digest of §6 for each key.
+ *
+ * The family registry lives here: each family's name, its fields (in the
+ * spec's order, which is also the digest's and the kernel template's), the
+ * embedded source it compiles, and the function deriving its keys.
+ *
+ * Thread-safety: no global state; call from any thread.
+ */
+#ifndef KW_KEYS_H
+#define KW_KEYS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "kw_config.h"
+#include "kw_jit.h"
+#include "kw_kernels.h"
+
+#define KW_KEYS_SCHEMA 1           /* version of the canonical key encoding */
+#define KW_KEYS_MAX_FIELDS 13      /* index_conversion has the most */
+#define KW_KEYS_MAX (1u << 20)     /* keys one derivation may produce */
+#define KW_KEYS_DIGEST_LEN 32      /* BLAKE2b-256 */
+#define KW_KEYS_HEX_LEN 65         /* 64 hex digits + NUL */
+
+/* One compile key: a family instantiation for one arch. */
+typedef struct kw_keys_key {
+    kw_k_family family;
+    int64_t fields[KW_KEYS_MAX_FIELDS]; /* kw_keys_nfields(family) used */
+    char arch[KW_CONFIG_ARCH_LEN];
+    uint8_t digest[KW_KEYS_DIGEST_LEN];
+} kw_keys_key;
+
+/* The result of kw_keys_derive(); owns keys, free with
+ * kw_keys_set_destroy(). */
+typedef struct kw_keys_set {
+    kw_keys_key *keys;
+    size_t nkeys;
+    int64_t workspace_rows;
+    int64_t workspace_bytes;
+} kw_keys_set;
+
+/* Derives every key of (m, d) with its digest, and the workspace sizes.
+ * d must have been through kw_config_resolve() with m.
+ * Returns 0; KW_EDEPLOY when the set would exceed KW_KEYS_MAX keys or the
+ * workspace overflows 64 bits (message in err); KW_ENOMEM; or the error of
+ * the toolchain query behind the digests. */
+int kw_keys_derive(const kw_config_model *m, const kw_config_deploy *d,
+                   kw_keys_set *out, char *err, size_t errlen);
+
+/* Frees what s owns and zeroes it.  NULL is fine. */
+void kw_keys_set_destroy(kw_keys_set *s);
+
+/* Registry queries.  Names are static strings.  kw_keys_family_from_name()
+ * returns 0 or KW_ENOFAMILY. */
+const char *kw_keys_family_name(kw_k_family f);
+int kw_keys_family_from_name(const char *name, kw_k_family *out);
+size_t kw_keys_nfields(kw_k_family f);
+const char *kw_keys_field_name(kw_k_family f, size_t i);
+bool kw_keys_field_is_bool(kw_k_family f, size_t i);
+
+/* Computes key k's digest (§6) into out from its family, fields and arch.
+ * Returns 0 or a negative code from the toolchain query. */
+int kw_keys_digest(const kw_keys_key *k, uint8_t out[KW_KEYS_DIGEST_LEN]);
+
+/* Writes the lowercase hex of a digest into hex (KW_KEYS_HEX_LEN bytes). */
+void kw_keys_hex(const uint8_t digest[KW_KEYS_DIGEST_LEN], char *hex);
+
+/* Builds the document of `kwarm keys --json` (§6) as a new cJSON tree, the
+ * caller's to cJSON_Delete().  Returns 0 or KW_ENOMEM. */
+int kw_keys_to_json(const kw_config_model *m, const kw_config_deploy *d,
+                    const kw_keys_set *s, cJSON **out);
+
+/* Builds one key's JSON object {"family", "arch", "fields", "digest"}. */
+cJSON *kw_keys_key_json(const kw_keys_key *k);
+
+#endif /* KW_KEYS_H */

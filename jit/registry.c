@@ -1,0 +1,173 @@
+/* registry.c: the kernel family registry and the key digest (§6).
+ *
+ * A family is one row of `families` below: its name, its fields in the
+ * spec's order, which of them are booleans, and its key derivation
+ * (keys.c).  Its device source is kernels/<name>.cu, embedded at build
+ * time, plus every shared kernels/ header.
+ */
+#include "kw_keys.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include <sodium.h>
+
+#include "internal.h"
+#include "kw_err.h"
+#include "kw_jit.h"
+
+typedef struct family_def {
+    const char *name;
+    const char *fields[KW_KEYS_MAX_FIELDS];
+    unsigned bools; /* bit i: field i is a boolean */
+} family_def;
+
+static const family_def families[KW_K_NFAMILIES] = {
+    [KW_K_PREFILL_CHUNK_METADATA] = {"prefill_chunk_metadata",
+        {"query_slice_start", "query_slice_stop", "dcp_rank", "dcp_world",
+         "dcp_interleave", "block_size", "compress_ratio",
+         "uncompressed_seq_lens_aligned"}, 1u << 7},
+    [KW_K_COMPRESSED_SLOT_MAPPING] = {"compressed_slot_mapping",
+        {"compress_ratio", "triton_block_size", "block_size",
+         "dcp_world_size", "dcp_rank", "cp_kv_cache_interleave_size"}, 0},
+    [KW_K_INDEX_CONVERSION] = {"index_conversion",
+        {"block_size", "block_stride_rows", "block_n", "single_tile",
+         "num_warps", "has_prefill_workspace", "count_valid",
+         "compact_to_front", "dcp_size", "dcp_rank", "dcp_interleave",
+         "num_topk_tokens", "block_table_stride"},
+        (1u << 3) | (1u << 5) | (1u << 6) | (1u << 7)},
+    [KW_K_DCP_PACK_TOPK_CANDIDATES] = {"dcp_pack_topk_candidates",
+        {"dcp_rank", "dcp_world_size", "cp_interleave", "has_row_starts",
+         "topk", "block_size"}, 1u << 3},
+    [KW_K_DCP_STABLE_TOPK] = {"dcp_stable_topk",
+        {"topk", "num_candidates"}, 0},
+};
+
+const char *kw_keys_family_name(kw_k_family f)
+{
+    return (unsigned)f < KW_K_NFAMILIES ? families[f].name : "?";
+}
+
+int kw_keys_family_from_name(const char *name, kw_k_family *out)
+{
+    for (int f = 0; f < KW_K_NFAMILIES; f++)
+        if (strcmp(families[f].name, name) == 0) {
+            *out = (kw_k_family)f;
+            return 0;
+        }
+    return KW_ENOFAMILY;
+}
+
+size_t kw_keys_nfields(kw_k_family f)
+{
+    size_t n = 0;
+    if ((unsigned)f >= KW_K_NFAMILIES)
+        return 0;
+    while (n < KW_KEYS_MAX_FIELDS && families[f].fields[n] != NULL)
+        n++;
+    return n;
+}
+
+const char *kw_keys_field_name(kw_k_family f, size_t i)
+{
+    return i < kw_keys_nfields(f) ? families[f].fields[i] : "?";
+}
+
+bool kw_keys_field_is_bool(kw_k_family f, size_t i)
+{
+    return i < kw_keys_nfields(f) && (families[f].bools >> i) & 1u;
+}
+
+/* The canonical encoding: every variable-size item is length-prefixed
+ * (u32 little-endian), integers are i64 little-endian, so no two distinct
+ * keys share a byte string. */
+static void put_u64(crypto_generichash_state *st, uint64_t v)
+{
+    uint8_t b[8];
+    for (int i = 0; i < 8; i++)
+        b[i] = (uint8_t)(v >> (8 * i));
+    crypto_generichash_update(st, b, 8);
+}
+
+static void put_str(crypto_generichash_state *st, const char *s, size_t n)
+{
+    put_u64(st, n);
+    crypto_generichash_update(st, (const uint8_t *)s, n);
+}
+
+/* Digest of a family's device source: kernels/<name>.cu and every shared
+ * header, name and text, in the embedded (sorted) order.  A family whose
+ * source is not built yet hashes as the empty source. */
+static void source_digest(kw_k_family f, uint8_t out[KW_KEYS_DIGEST_LEN])
+{
+    crypto_generichash_state st;
+    char cu[96];
+    snprintf(cu, sizeof cu, "%s.cu", families[f].name);
+    crypto_generichash_init(&st, NULL, 0, KW_KEYS_DIGEST_LEN);
+    for (size_t i = 0; i < kw_k_nfiles; i++) {
+        const char *n = kw_k_files[i].name;
+        size_t len = strlen(n);
+        bool header = len > 4 && strcmp(n + len - 4, ".cuh") == 0;
+        if (!header && strcmp(n, cu) != 0)
+            continue;
+        put_str(&st, n, len);
+        put_str(&st, kw_k_files[i].text, kw_k_files[i].len);
+    }
+    crypto_generichash_final(&st, out, KW_KEYS_DIGEST_LEN);
+}
+
+int kw__keys_digest_init(kw__keys_digest_ctx *ctx)
+{
+    int rc = kw_jit_version(&ctx->nvrtc_major, &ctx->nvrtc_minor);
+    if (rc < 0)
+        return rc;
+    if (sodium_init() < 0)
+        return KW_ENOMEM;
+    for (int f = 0; f < KW_K_NFAMILIES; f++)
+        source_digest((kw_k_family)f, ctx->source[f]);
+    return 0;
+}
+
+void kw__keys_digest_with(const kw__keys_digest_ctx *ctx, const kw_keys_key *k,
+                          uint8_t out[KW_KEYS_DIGEST_LEN])
+{
+    const family_def *fd = &families[k->family];
+    crypto_generichash_state st;
+    crypto_generichash_init(&st, NULL, 0, KW_KEYS_DIGEST_LEN);
+    put_str(&st, "kwarm-key", 9);
+    put_u64(&st, KW_KEYS_SCHEMA);
+    put_str(&st, fd->name, strlen(fd->name));
+    size_t nf = kw_keys_nfields(k->family);
+    put_u64(&st, nf);
+    for (size_t i = 0; i < nf; i++) {
+        put_str(&st, fd->fields[i], strlen(fd->fields[i]));
+        put_u64(&st, (uint64_t)k->fields[i]);
+    }
+    put_str(&st, k->arch, strlen(k->arch));
+    crypto_generichash_update(&st, ctx->source[k->family], KW_KEYS_DIGEST_LEN);
+    put_u64(&st, (uint64_t)ctx->nvrtc_major);
+    put_u64(&st, (uint64_t)ctx->nvrtc_minor);
+    /* The options NVRTC will be given, arch option included. */
+    const char *opts[32];
+    size_t nopts = kw_jit_default_opts(k->arch, opts, 32);
+    put_u64(&st, nopts);
+    for (size_t i = 0; i < nopts && i < 32; i++)
+        put_str(&st, opts[i], strlen(opts[i]));
+    crypto_generichash_final(&st, out, KW_KEYS_DIGEST_LEN);
+}
+
+int kw_keys_digest(const kw_keys_key *k, uint8_t out[KW_KEYS_DIGEST_LEN])
+{
+    kw__keys_digest_ctx ctx;
+    if ((unsigned)k->family >= KW_K_NFAMILIES)
+        return KW_ENOFAMILY;
+    int rc = kw__keys_digest_init(&ctx);
+    if (rc == 0)
+        kw__keys_digest_with(&ctx, k, out);
+    return rc;
+}
+
+void kw_keys_hex(const uint8_t digest[KW_KEYS_DIGEST_LEN], char *hex)
+{
+    sodium_bin2hex(hex, KW_KEYS_HEX_LEN, digest, KW_KEYS_DIGEST_LEN);
+}
