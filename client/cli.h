@@ -1,0 +1,56 @@
+/* cli.h: pieces shared by the kwarm CLI's commands (kw__cli_, not API).
+ *
+ * The CLI is the one place, with daemon/main.c, that prints and decides
+ * exit codes: 0 ok, 1 runtime failure, 2 bad input (DESIGN.md).
+ */
+#ifndef KW_CLI_H
+#define KW_CLI_H
+
+#include <stdbool.h>
+
+#include "kw_config.h"
+
+enum { KW_CLI_OK = 0, KW_CLI_RUNTIME = 1, KW_CLI_USAGE = 2 };
+
+/* The model and deployment options every key-deriving command takes. */
+typedef struct kw__cli_model {
+    const char *model;       /* --model */
+    const char *deploy_file; /* --deploy */
+    kw_config_deploy dep;    /* flags, then resolved */
+    kw_config_model cfg;     /* loaded by kw__cli_model_load() */
+} kw__cli_model;
+
+/* Reads the value of the flag at argv[*i] ("--x v" or "--x=v"); advances
+ * *i past it.  Prints an error and returns NULL when it is missing. */
+const char *kw__cli_value(const char *cmd, int argc, char **argv, int *i);
+
+/* Returns true when argv[i]'s name (before any '=') equals name. */
+bool kw__cli_is(const char *arg, const char *name);
+
+/* Initialises a for parsing. */
+void kw__cli_model_init(kw__cli_model *a);
+
+/* Consumes argv[*i] when it is --model, --deploy or a deployment flag.
+ * Returns 1 when consumed, 0 when it is none of those, or KW_CLI_USAGE
+ * negated (-2) after printing the error. */
+int kw__cli_model_arg(kw__cli_model *a, const char *cmd, int argc, char **argv,
+                      int *i);
+
+/* Loads --deploy, the config and resolves the deployment.  Prints one
+ * error line and returns KW_CLI_USAGE on bad input, else KW_CLI_OK. */
+int kw__cli_model_load(kw__cli_model *a, const char *cmd);
+
+/* Frees what a owns. */
+void kw__cli_model_destroy(kw__cli_model *a);
+
+/* The help text for the deployment flags, shared by every command. */
+extern const char kw__cli_deploy_help[];
+
+/* Prints "kwarm CMD: MESSAGE" to stderr. */
+void kw__cli_err(const char *cmd, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* The commands. */
+int kw__cli_keys(int argc, char **argv);
+
+#endif /* KW_CLI_H */

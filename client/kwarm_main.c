@@ -1,0 +1,54 @@
+/* kwarm_main.c: the kwarm command line, one function per command. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+typedef struct command {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} command;
+
+static const command commands[] = {
+    {"keys", kw__cli_keys, "print the compile keys of a model and deployment"},
+};
+#define NCOMMANDS (sizeof commands / sizeof commands[0])
+
+static void usage(FILE *out)
+{
+    fprintf(out, "usage: kwarm COMMAND [ARGS]   (kwarm COMMAND --help for more)\n\n"
+                 "kwarm derives, compiles and caches the JIT kernels of sparse-MLA\n"
+                 "models (DeepSeek-V3.2/V4, GLM-5) so serving never compiles.\n\n"
+                 "Commands:\n");
+    for (size_t i = 0; i < NCOMMANDS; i++)
+        fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
+    fprintf(out, "\nExit status: 0 ok, 1 runtime failure, 2 bad input.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return KW_CLI_USAGE;
+    }
+    if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0 ||
+        strcmp(argv[1], "help") == 0) {
+        usage(stdout);
+        return KW_CLI_OK;
+    }
+    if (strcmp(argv[1], "--version") == 0) {
+        printf("kwarm %s\n", KW_VERSION);
+        return KW_CLI_OK;
+    }
+    for (size_t i = 0; i < NCOMMANDS; i++)
+        if (strcmp(argv[1], commands[i].name) == 0)
+            return commands[i].run(argc - 1, argv + 1);
+    char name[65];
+    snprintf(name, sizeof name, "%s", argv[1]);
+    for (char *p = name; *p != '\0'; p++) /* keep the error one line */
+        if ((unsigned char)*p < 0x20)
+            *p = '?';
+    fprintf(stderr, "kwarm: unknown command '%s' (see kwarm --help)\n", name);
+    return KW_CLI_USAGE;
+}
