@@ -1,0 +1,36 @@
+/* kw_test_util.h: generic helpers shared by every criterion suite.
+ *
+ * Linked into each tests/test_*.c executable.  Keep it generic: files,
+ * subprocesses, binary formats; nothing that knows one module's internals.
+ */
+#ifndef KW_TEST_UTIL_H
+#define KW_TEST_UTIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Reads a whole file into a new NUL-terminated buffer (free() it) and stores
+ * its size, without the NUL, in *len when len is not NULL.  Returns NULL when
+ * the file cannot be read or memory runs out (errno says which). */
+char *kw_test_read_file(const char *path, size_t *len);
+
+/* Runs argv[0] (looked up in PATH when it has no '/') with argv, stdin from
+ * /dev/null and the current environment, and waits for it.  Its stdout and
+ * stderr are captured into new NUL-terminated strings stored in *out and
+ * *err (free() them); either pointer may be NULL to discard that stream.
+ * Returns the exit status (0..255), or -1 when the program was killed by a
+ * signal or could not be started (*err then says why). */
+int kw_test_run(const char *const argv[], char **out, char **err);
+
+/* The e_machine of a 64-bit little-endian ELF image (190 is EM_CUDA), or -1
+ * when buf is not one or its header is truncated. */
+int kw_test_elf_machine(const uint8_t *buf, size_t len);
+
+/* True when the 64-bit ELF image has a symbol called name in a symbol table
+ * (SHT_SYMTAB, else SHT_DYNSYM) whose string table is the section named by
+ * the symbol table's sh_link.  Every offset is bounds-checked, so a truncated
+ * or corrupt image gives false, never a read out of bounds. */
+bool kw_test_elf_has_symbol(const uint8_t *buf, size_t len, const char *name);
+
+#endif /* KW_TEST_UTIL_H */

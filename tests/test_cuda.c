@@ -1,0 +1,315 @@
+/* test_cuda.c: the dlopen'ed CUDA driver (client/kw_cuda.h).
+ * The no-driver tests run everywhere; the GPU tests skip themselves when
+ * kw_cuda_open() reports KW_ENODRIVER. */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kw_cuda.h"
+#include "kw_err.h"
+#include "kw_jit.h"
+
+/* Opens kw_cuda with KW_LIBCUDA set to lib and expects KW_ENODRIVER with a
+ * message that mentions "libcuda" and want; *out must stay untouched. */
+static void expect_no_driver(const char *lib, const char *want)
+{
+    cr_assert_eq(setenv("KW_LIBCUDA", lib, 1), 0);
+    kw_cuda *c = (kw_cuda *)&c; /* a sentinel that must survive */
+    char err[256];
+    cr_assert_eq(kw_cuda_open(&c, 0, err, sizeof(err)), KW_ENODRIVER,
+                 "%s: %s", lib, err);
+    cr_assert_eq(c, (kw_cuda *)&c, "*out touched on error");
+    cr_assert_not_null(strstr(err, "libcuda"), "%s", err);
+    cr_assert_not_null(strstr(err, want), "%s", err);
+}
+
+Test(cuda, open_without_driver_returns_enodriver_naming_libcuda)
+{
+    unsetenv("KW_LIBCUDA");
+    kw_cuda *c = NULL;
+    char err[256];
+    int rc = kw_cuda_open(&c, 0, err, sizeof(err));
+    if (rc == 0) {
+        kw_cuda_close(c);
+        cr_skip_test("a CUDA driver is present");
+    }
+    cr_assert_eq(rc, KW_ENODRIVER, "%d: %s", rc, err);
+    cr_assert_not_null(strstr(err, "libcuda"), "%s", err);
+}
+
+Test(cuda, kw_libcuda_pointing_nowhere_returns_enodriver)
+{
+    expect_no_driver("/nonexistent/libcuda.so.1", "/nonexistent");
+}
+
+Test(cuda, kw_libcuda_pointing_at_libm_returns_enodriver)
+{
+    expect_no_driver("libm.so.6", "not a CUDA driver");
+}
+
+Test(cuda, kw_libcuda_pointing_at_a_non_library_returns_enodriver)
+{
+    expect_no_driver(KW_FIXTURES "/glm-5.2.json", "dlopen");
+}
+
+Test(cuda, toolkit_stub_library_fails_cuinit_with_enodriver)
+{
+    const char *stub = "/usr/local/cuda/lib64/stubs/libcuda.so";
+    if (access(stub, R_OK) != 0)
+        cr_skip_test("no %s", stub);
+    expect_no_driver(stub, "cuInit: CUDA_ERROR_STUB_LIBRARY");
+}
+
+Test(cuda, null_arguments_and_handles_are_safe)
+{
+    char err[8] = "x";
+    cr_assert_eq(kw_cuda_open(NULL, 0, err, sizeof(err)), KW_EINVAL);
+    kw_cuda_close(NULL);
+    kw_cuda_unload(NULL);
+    kw_cuda_timer_free(NULL);
+    cr_assert_not_null(kw_cuda_last_error(NULL));
+    char buf[32];
+    kw_cuda_last_error_copy(NULL, buf, sizeof(buf));
+    cr_assert_str_eq(buf, "no CUDA handle");
+    /* an error text longer than the buffer is truncated, NUL-terminated */
+    cr_assert_eq(setenv("KW_LIBCUDA", "/nonexistent/libcuda.so.1", 1), 0);
+    kw_cuda *c = NULL;
+    cr_assert_eq(kw_cuda_open(&c, 0, err, sizeof(err)), KW_ENODRIVER);
+    cr_assert_eq(strlen(err), sizeof(err) - 1);
+}
+
+/* ---- GPU tests: each opens device 0 or skips ------------------------- */
+
+static kw_cuda *open_gpu(void)
+{
+    unsetenv("KW_LIBCUDA");
+    kw_cuda *c = NULL;
+    char err[256];
+    int rc = kw_cuda_open(&c, 0, err, sizeof(err));
+    if (rc == KW_ENODRIVER)
+        cr_skip_test("no CUDA driver");
+    cr_assert_eq(rc, 0, "kw_cuda_open: %s: %s", kw_err_name(rc), err);
+    return c;
+}
+
+static const char gpu_src[] =
+    "template <int N, int M>\n"
+    "__global__ void kw_k_affine(int *out, int n)\n"
+    "{\n"
+    "    int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+    "    if (i < n) out[i] = N * i + M;\n"
+    "}\n"
+    "extern \"C\" __global__ void kw_k_smem(int *out)\n"
+    "{\n"
+    "    extern __shared__ int buf[];\n"
+    "    int words = 100 * 1024 / 4;\n"
+    "    for (int i = threadIdx.x; i < words; i += blockDim.x) buf[i] = i;\n"
+    "    __syncthreads();\n"
+    "    out[threadIdx.x] = buf[words - 1 - threadIdx.x];\n"
+    "}\n"
+    "extern \"C\" __global__ void kw_k_trap(void) { __trap(); }\n";
+
+/* Writes "sm_<major><minor>" for c's device into arch. */
+static void device_arch(kw_cuda *c, char *arch, size_t cap)
+{
+    int major = 0, minor = 0;
+    cr_assert_eq(kw_cuda_device_info(c, NULL, 0, &major, &minor, NULL), 0);
+    snprintf(arch, cap, "sm_%d%d", major, minor);
+}
+
+/* Compiles gpu_src for c's device and loads entry (a name expression for
+ * the template, or an extern "C" name). */
+static kw_cuda_fn *load_gpu_fn(kw_cuda *c, const char *expr)
+{
+    char arch[16];
+    device_arch(c, arch, sizeof(arch));
+    bool templ = strchr(expr, '<') != NULL;
+    kw_jit_req req = {.source = gpu_src, .source_name = "gpu.cu",
+                      .name_expr = templ ? expr : NULL, .arch = arch};
+    kw_jit_result res;
+    int rc = kw_jit_compile(&req, &res);
+    cr_assert_eq(rc, 0, "%s: %s", arch, res.log ? res.log : "");
+    kw_cuda_fn *fn = NULL;
+    rc = kw_cuda_load(c, res.cubin, res.cubin_len,
+                      templ ? res.lowered_name : expr, &fn);
+    cr_assert_eq(rc, 0, "%s", kw_cuda_last_error(c));
+    kw_jit_result_destroy(&res);
+    return fn;
+}
+
+Test(cuda, gpu_device_info_reports_name_and_capability)
+{
+    kw_cuda *c = open_gpu();
+    char name[128];
+    int major = 0, minor = -1, sms = 0;
+    cr_assert_eq(kw_cuda_device_info(c, name, sizeof(name), &major, &minor,
+                                     &sms), 0);
+    cr_assert(strlen(name) > 0);
+    cr_assert(major >= 7 && minor >= 0 && sms > 0, "%d.%d %d", major, minor,
+              sms);
+    cr_log_info("device 0: %s, sm_%d%d, %d SMs", name, major, minor, sms);
+    kw_cuda_close(c);
+}
+
+Test(cuda, gpu_launch_of_compiled_template_writes_expected_values)
+{
+    kw_cuda *c = open_gpu();
+    kw_cuda_fn *fn = load_gpu_fn(c, "kw_k_affine<3, 7>");
+    enum { N = 1000 };
+    uint64_t d = 0;
+    cr_assert_eq(kw_cuda_alloc(c, N * sizeof(int), &d), 0);
+    cr_assert_eq(kw_cuda_memset(c, d, 0xff, N * sizeof(int)), 0);
+    int n = N;
+    void *args[] = {&d, &n};
+    unsigned grid[3] = {(N + 255) / 256, 1, 1}, block[3] = {256, 1, 1};
+    cr_assert_eq(kw_cuda_launch(fn, grid, block, 0, args), 0);
+    cr_assert_eq(kw_cuda_sync(c), 0, "%s", kw_cuda_last_error(c));
+    int *host = malloc(N * sizeof(int));
+    cr_assert_eq(kw_cuda_d2h(c, host, d, N * sizeof(int)), 0);
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(host[i], 3 * i + 7, "out[%d] = %d", i, host[i]);
+    free(host);
+    kw_cuda_free(c, d);
+    kw_cuda_unload(fn);
+    kw_cuda_close(c);
+}
+
+Test(cuda, gpu_launch_above_48k_dynamic_smem_sets_the_attribute)
+{
+    kw_cuda *c = open_gpu();
+    kw_cuda_fn *fn = load_gpu_fn(c, "kw_k_smem");
+    uint64_t d = 0;
+    cr_assert_eq(kw_cuda_alloc(c, 128 * sizeof(int), &d), 0);
+    void *args[] = {&d};
+    unsigned grid[3] = {1, 1, 1}, block[3] = {128, 1, 1};
+    cr_assert_eq(kw_cuda_launch(fn, grid, block, 100 * 1024, args), 0, "%s",
+                 kw_cuda_last_error(c));
+    cr_assert_eq(kw_cuda_sync(c), 0, "%s", kw_cuda_last_error(c));
+    int host[128];
+    cr_assert_eq(kw_cuda_d2h(c, host, d, sizeof(host)), 0);
+    for (int i = 0; i < 128; i++)
+        cr_assert_eq(host[i], 100 * 1024 / 4 - 1 - i);
+    kw_cuda_free(c, d);
+    kw_cuda_unload(fn);
+    kw_cuda_close(c);
+}
+
+Test(cuda, gpu_bad_images_and_entries_are_refused_with_a_reason)
+{
+    kw_cuda *c = open_gpu();
+    kw_cuda_fn *fn = NULL;
+    static const char junk[] = "this is not a cubin";
+    cr_assert_eq(kw_cuda_load(c, junk, sizeof(junk), "k", &fn), KW_ECUDA);
+    cr_assert_not_null(strstr(kw_cuda_last_error(c), "cuModuleLoadData"));
+    cr_assert_eq(kw_cuda_load(c, junk, 4, "k", &fn), KW_EINVAL, "no NUL");
+
+    char arch[16];
+    device_arch(c, arch, sizeof(arch));
+    kw_jit_req req = {.source = gpu_src, .arch = arch};
+    kw_jit_result res;
+    cr_assert_eq(kw_jit_compile(&req, &res), 0);
+    cr_assert_eq(kw_cuda_load(c, res.cubin, res.cubin_len / 2, "kw_k_smem",
+                              &fn), KW_EINVAL, "truncated cubin");
+    cr_assert_eq(kw_cuda_load(c, res.cubin, res.cubin_len, "kw_k_nope", &fn),
+                 KW_ECUDA);
+    cr_assert_not_null(strstr(kw_cuda_last_error(c), "cuModuleGetFunction"));
+    cr_assert_null(fn);
+    kw_jit_result_destroy(&res);
+    kw_cuda_close(c);
+}
+
+Test(cuda, gpu_trapping_kernel_is_reported_by_sync)
+{
+    kw_cuda *c = open_gpu();
+    kw_cuda_fn *fn = load_gpu_fn(c, "kw_k_trap");
+    unsigned one[3] = {1, 1, 1};
+    int rc = kw_cuda_launch(fn, one, one, 0, NULL);
+    if (rc == 0)
+        rc = kw_cuda_sync(c);
+    cr_assert_eq(rc, KW_ECUDA);
+    cr_assert_not_null(strstr(kw_cuda_last_error(c), "CUDA_ERROR"), "%s",
+                       kw_cuda_last_error(c));
+    /* the context is now unusable; the process ends with the test */
+    kw_cuda_unload(fn);
+    kw_cuda_close(c);
+}
+
+Test(cuda, gpu_event_timer_measures_a_device_copy)
+{
+    kw_cuda *c = open_gpu();
+    size_t n = 256u << 20;
+    uint64_t a = 0, b = 0;
+    cr_assert_eq(kw_cuda_alloc(c, n, &a), 0);
+    cr_assert_eq(kw_cuda_alloc(c, n, &b), 0);
+    cr_assert_eq(kw_cuda_memset(c, a, 0x5a, n), 0);
+    kw_cuda_timer *t = NULL;
+    cr_assert_eq(kw_cuda_timer_new(c, &t), 0);
+    float ms = -1.0f;
+    cr_assert_eq(kw_cuda_timer_start(t), 0);
+    cr_assert_eq(kw_cuda_d2d(c, b, a, n), 0);
+    cr_assert_eq(kw_cuda_timer_stop_ms(t, &ms), 0, "%s", kw_cuda_last_error(c));
+    cr_assert(ms > 0.0f && ms < 10000.0f, "%f ms", (double)ms);
+    cr_log_info("d2d %zu MiB: %.3f ms, %.0f GB/s (read + write)", n >> 20,
+                (double)ms, 2.0 * (double)n / ((double)ms * 1e6));
+    unsigned char probe[16];
+    cr_assert_eq(kw_cuda_d2h(c, probe, b + n - 16, 16), 0);
+    for (int i = 0; i < 16; i++)
+        cr_assert_eq(probe[i], 0x5a);
+    kw_cuda_timer_free(t);
+    kw_cuda_free(c, a);
+    kw_cuda_free(c, b);
+    kw_cuda_close(c);
+}
+
+Test(cuda, gpu_dev_ops_run_the_loaded_function)
+{
+    kw_cuda *c = open_gpu();
+    kw_cuda_fn *fn = load_gpu_fn(c, "kw_k_affine<2, -1>");
+    kw_k_dev dev;
+    kw_cuda_dev_ops(c, fn, &dev);
+    cr_assert_eq(dev.ctx, fn);
+    enum { N = 64 };
+    uint64_t d = 0;
+    cr_assert_eq(dev.alloc(dev.ctx, N * sizeof(int), &d), 0);
+    int host[N] = {0};
+    cr_assert_eq(dev.h2d(dev.ctx, d, host, sizeof(host)), 0);
+    int n = N;
+    void *args[] = {&d, &n};
+    unsigned grid[3] = {1, 1, 1}, block[3] = {N, 1, 1};
+    cr_assert_eq(dev.launch(dev.ctx, grid, block, 0, args), 0);
+    cr_assert_eq(dev.sync(dev.ctx), 0);
+    cr_assert_eq(dev.d2h(dev.ctx, host, d, sizeof(host)), 0);
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(host[i], 2 * i - 1);
+    dev.free(dev.ctx, d);
+    kw_cuda_unload(fn);
+    kw_cuda_close(c);
+}
+
+/* A worker thread makes the context current, then uses device memory. */
+static void *worker(void *arg)
+{
+    kw_cuda *c = arg;
+    uint64_t d = 0;
+    intptr_t rc = kw_cuda_make_current(c);
+    if (rc == 0)
+        rc = kw_cuda_alloc(c, 4096, &d);
+    if (rc == 0)
+        rc = kw_cuda_memset(c, d, 1, 4096);
+    kw_cuda_free(c, d);
+    return (void *)rc;
+}
+
+Test(cuda, gpu_worker_thread_uses_the_context_after_make_current)
+{
+    kw_cuda *c = open_gpu();
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, worker, c), 0);
+    void *ret = (void *)1;
+    cr_assert_eq(pthread_join(th, &ret), 0);
+    cr_assert_eq((intptr_t)ret, 0, "%s", kw_cuda_last_error(c));
+    kw_cuda_close(c);
+}

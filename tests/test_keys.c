@@ -1,0 +1,334 @@
+/* test_keys.c: key derivation (spec/warmup-keys.md §3-§5) and the worked
+ * examples of §7, plus digest stability and sensitivity (§6). */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "kw_config.h"
+#include "kw_err.h"
+#include "kw_keys.h"
+
+/* A model and deployment built from inline JSON and deployment flags. */
+typedef struct fixture {
+    kw_config_model m;
+    kw_config_deploy d;
+    kw_keys_set s;
+} fixture;
+
+/* Loads json, applies flags (name, value pairs; NULL-terminated), resolves
+ * and derives.  Fails the test on any error. */
+static void derive(fixture *fx, const char *json, const char *const *flags)
+{
+    char err[KW_CONFIG_ERRLEN] = "";
+    memset(fx, 0, sizeof *fx);
+    kw_config_deploy_init(&fx->d);
+    for (size_t i = 0; flags != NULL && flags[i] != NULL; i += 2) {
+        int f = kw_config_flag_field(flags[i]);
+        cr_assert_geq(f, 0, "bad flag %s in test", flags[i]);
+        cr_assert_eq(kw_config_deploy_set_flag(&fx->d, (kw_config_field)f,
+                                               flags[i + 1], err, sizeof err),
+                     0, "%s", err);
+    }
+    cr_assert_eq(kw_config_load_buffer(&fx->m, "t.json", json, strlen(json),
+                                       fx->d.text_config, err, sizeof err),
+                 0, "%s", err);
+    cr_assert_eq(kw_config_resolve(&fx->d, &fx->m, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(kw_keys_derive(&fx->m, &fx->d, &fx->s, err, sizeof err), 0,
+                 "%s", err);
+}
+
+static void release(fixture *fx)
+{
+    kw_keys_set_destroy(&fx->s);
+    kw_config_model_destroy(&fx->m);
+    kw_config_deploy_destroy(&fx->d);
+}
+
+static size_t count(const fixture *fx, kw_k_family f)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < fx->s.nkeys; i++)
+        n += fx->s.keys[i].family == f;
+    return n;
+}
+
+/* Index of a field by name, failing the test when absent. */
+static size_t field(kw_k_family f, const char *name)
+{
+    for (size_t i = 0; i < kw_keys_nfields(f); i++)
+        if (strcmp(kw_keys_field_name(f, i), name) == 0)
+            return i;
+    cr_assert_fail("no field %s", name);
+    return 0;
+}
+
+/* Collects the distinct values of one field of a family into out. */
+static size_t distinct(const fixture *fx, kw_k_family f, const char *name,
+                       int64_t *out, size_t cap)
+{
+    size_t n = 0, fi = field(f, name);
+    for (size_t i = 0; i < fx->s.nkeys; i++) {
+        if (fx->s.keys[i].family != f)
+            continue;
+        int64_t v = fx->s.keys[i].fields[fi];
+        size_t j = 0;
+        while (j < n && out[j] != v)
+            j++;
+        if (j == n && n < cap)
+            out[n++] = v;
+    }
+    return n;
+}
+
+static bool has(const int64_t *v, size_t n, int64_t x)
+{
+    for (size_t i = 0; i < n; i++)
+        if (v[i] == x)
+            return true;
+    return false;
+}
+
+#define TOPK2048 "\"index_topk\": 2048, \"max_position_embeddings\": 163840"
+
+/* §7 example 1: compress_ratios [0,0,4,128,0], kpool 32, 8 batched tokens. */
+Test(keys, prefill_ratios_and_slices_follow_example_one)
+{
+    fixture fx;
+    const char *flags[] = {"--max-num-batched-tokens", "8", NULL};
+    derive(&fx, "{" TOPK2048 ", \"compress_ratios\": [0,0,4,128,0],"
+                " \"index_kpool\": 32}", flags);
+    int64_t v[16];
+    size_t n = distinct(&fx, KW_K_PREFILL_CHUNK_METADATA, "compress_ratio", v, 16);
+    cr_assert_eq(n, 4);
+    cr_assert(has(v, n, 1) && has(v, n, 4) && has(v, n, 128) && has(v, n, 32));
+    n = distinct(&fx, KW_K_PREFILL_CHUNK_METADATA, "query_slice_start", v, 16);
+    cr_assert(n == 3 && has(v, n, 1) && has(v, n, 2) && has(v, n, 16));
+    n = distinct(&fx, KW_K_PREFILL_CHUNK_METADATA, "query_slice_stop", v, 16);
+    cr_assert(n == 3 && has(v, n, 1) && has(v, n, 2) && has(v, n, 16));
+    /* 3 starts x 3 stops x 4 ratios x 2 alignments, one geometry. */
+    cr_assert_eq(count(&fx, KW_K_PREFILL_CHUNK_METADATA), 72);
+    release(&fx);
+}
+
+/* §7 example 2: W = 4, P = 4, R = 2 gives exactly {(2,2), (16,1)}. */
+Test(keys, prefill_geometry_pairs_follow_example_two)
+{
+    fixture fx;
+    const char *flags[] = {"--dcp-world", "4", "--pcp", "4", "--dcp-rank", "2", NULL};
+    derive(&fx, "{" TOPK2048 "}", flags);
+    size_t fr = field(KW_K_PREFILL_CHUNK_METADATA, "dcp_rank");
+    size_t fw = field(KW_K_PREFILL_CHUNK_METADATA, "dcp_world");
+    bool seen22 = false, seen161 = false;
+    for (size_t i = 0; i < fx.s.nkeys; i++) {
+        const kw_keys_key *k = &fx.s.keys[i];
+        if (k->family != KW_K_PREFILL_CHUNK_METADATA)
+            continue;
+        bool a = k->fields[fr] == 2 && k->fields[fw] == 2;
+        bool b = k->fields[fr] == 16 && k->fields[fw] == 1;
+        cr_assert(a || b, "unexpected pair (%lld, %lld)",
+                  (long long)k->fields[fr], (long long)k->fields[fw]);
+        seen22 |= a;
+        seen161 |= b;
+    }
+    cr_assert(seen22 && seen161);
+    release(&fx);
+}
+
+/* §7 example 3: kpool 32 alone, block_size 256: (32, rep(8) = 2) only. */
+Test(keys, slot_mapping_kpool_only_follows_example_three)
+{
+    fixture fx;
+    const char *flags[] = {"--block-size", "256", NULL};
+    derive(&fx, "{" TOPK2048 ", \"index_kpool\": 32}", flags);
+    cr_assert_eq(count(&fx, KW_K_COMPRESSED_SLOT_MAPPING), 1);
+    size_t fr = field(KW_K_COMPRESSED_SLOT_MAPPING, "compress_ratio");
+    size_t fb = field(KW_K_COMPRESSED_SLOT_MAPPING, "block_size");
+    for (size_t i = 0; i < fx.s.nkeys; i++)
+        if (fx.s.keys[i].family == KW_K_COMPRESSED_SLOT_MAPPING) {
+            cr_assert_eq(fx.s.keys[i].fields[fr], 32);
+            cr_assert_eq(fx.s.keys[i].fields[fb], 2);
+        }
+    release(&fx);
+}
+
+/* §7 example 4: block_stride_rows 4096 reaches every index_conversion key,
+ * and W = 1 gives four of them. */
+Test(keys, index_conversion_stride_follows_example_four)
+{
+    fixture fx;
+    const char *flags[] = {"--block-stride-rows", "4096", NULL};
+    derive(&fx, "{" TOPK2048 "}", flags);
+    cr_assert_eq(count(&fx, KW_K_INDEX_CONVERSION), 4);
+    int64_t v[8];
+    size_t n = distinct(&fx, KW_K_INDEX_CONVERSION, "block_stride_rows", v, 8);
+    cr_assert(n == 1 && v[0] == 4096);
+    release(&fx);
+}
+
+/* §7 example 5: ratios {4, 128} raise block_size to 128 and give slot
+ * mapping block sizes rep(32) = 16 and rep(1) = 1. */
+Test(keys, v4_flash_block_size_follows_example_five)
+{
+    fixture fx;
+    derive(&fx, "{\"index_topk\": 512, \"max_position_embeddings\": 1048576,"
+                " \"compress_ratios\": [0, 0, 4, 128, 4, 128, 4, 0]}", NULL);
+    cr_assert_eq(fx.d.block_size, 128);
+    int64_t v[8];
+    size_t n = distinct(&fx, KW_K_COMPRESSED_SLOT_MAPPING, "block_size", v, 8);
+    cr_assert(n == 2 && has(v, n, 16) && has(v, n, 1));
+    release(&fx);
+}
+
+/* §7 example 6: DeepSeek-V3.2 defaults: 18 + 0 + 4 + 0 + 0 keys and a
+ * 65536-row workspace. */
+Test(keys, deepseek_v32_defaults_follow_example_six)
+{
+    fixture fx;
+    derive(&fx, "{" TOPK2048 ", \"kv_lora_rank\": 512, \"qk_rope_head_dim\": 64}",
+           NULL);
+    cr_assert_eq(count(&fx, KW_K_PREFILL_CHUNK_METADATA), 18);
+    cr_assert_eq(count(&fx, KW_K_COMPRESSED_SLOT_MAPPING), 0);
+    cr_assert_eq(count(&fx, KW_K_INDEX_CONVERSION), 4);
+    cr_assert_eq(count(&fx, KW_K_DCP_PACK_TOPK_CANDIDATES), 0);
+    cr_assert_eq(count(&fx, KW_K_DCP_STABLE_TOPK), 0);
+    cr_assert_eq(fx.s.workspace_rows, 65536);
+    cr_assert_eq(fx.s.workspace_bytes, 65536LL * 576 * 2);
+    release(&fx);
+}
+
+/* §4.4, §4.5: W = 2 over all ranks: two pack keys per rank, one top-k key
+ * whose candidates are topk x W. */
+Test(keys, dcp_families_cover_every_rank)
+{
+    fixture fx;
+    const char *flags[] = {"--dcp-world", "2", NULL};
+    derive(&fx, "{" TOPK2048 "}", flags);
+    cr_assert_eq(count(&fx, KW_K_DCP_PACK_TOPK_CANDIDATES), 4);
+    cr_assert_eq(count(&fx, KW_K_DCP_STABLE_TOPK), 1);
+    int64_t v[4];
+    cr_assert_eq(distinct(&fx, KW_K_DCP_STABLE_TOPK, "num_candidates", v, 4), 1);
+    cr_assert_eq(v[0], 4096);
+    release(&fx);
+}
+
+/* §4: every key is crossed with every arch, without duplicates. */
+Test(keys, keys_are_crossed_with_every_arch_without_duplicates)
+{
+    fixture one, two;
+    const char *a1[] = {"--arch", "sm_90", NULL};
+    const char *a2[] = {"--arch", "sm_90,sm_100,sm_90", NULL};
+    derive(&one, "{" TOPK2048 "}", a1);
+    derive(&two, "{" TOPK2048 "}", a2);
+    cr_assert_eq(two.s.nkeys, 2 * one.s.nkeys);
+    for (size_t i = 0; i < two.s.nkeys; i++)
+        for (size_t j = i + 1; j < two.s.nkeys; j++)
+            cr_assert_neq(memcmp(two.s.keys[i].digest, two.s.keys[j].digest,
+                                 KW_KEYS_DIGEST_LEN), 0);
+    release(&one);
+    release(&two);
+}
+
+/* §4.3: a topk that is not a power of two never uses the single tile. */
+Test(keys, index_conversion_tiles_non_power_of_two_topk)
+{
+    fixture fx;
+    derive(&fx, "{\"index_topk\": 1000, \"max_position_embeddings\": 4096}", NULL);
+    size_t fs = field(KW_K_INDEX_CONVERSION, "single_tile");
+    size_t fb = field(KW_K_INDEX_CONVERSION, "block_n");
+    size_t fw = field(KW_K_INDEX_CONVERSION, "num_warps");
+    for (size_t i = 0; i < fx.s.nkeys; i++)
+        if (fx.s.keys[i].family == KW_K_INDEX_CONVERSION) {
+            cr_assert_eq(fx.s.keys[i].fields[fs], 0);
+            cr_assert_eq(fx.s.keys[i].fields[fb], 128);
+            cr_assert_eq(fx.s.keys[i].fields[fw], 4);
+        }
+    release(&fx);
+}
+
+/* §4.3: block-table width: ceil(4096 / (64 * 1)) = 64 blocks, rounded up
+ * to a multiple of 128 / gcd(128, 64) = 2: 64, rep 16.  With block_size 48
+ * and 1000 tokens: 21 blocks, multiple of 128/16 = 8: 24, rep 2. */
+Test(keys, index_conversion_block_table_stride_is_rep_of_width)
+{
+    fixture a, b;
+    const char *fa[] = {"--max-model-len", "4096", NULL};
+    const char *fb[] = {"--max-model-len", "1000", "--block-size", "48", NULL};
+    derive(&a, "{\"index_topk\": 64}", fa);
+    derive(&b, "{\"index_topk\": 64}", fb);
+    int64_t v[4];
+    cr_assert_eq(distinct(&a, KW_K_INDEX_CONVERSION, "block_table_stride", v, 4), 1);
+    cr_assert_eq(v[0], 16);
+    cr_assert_eq(distinct(&b, KW_K_INDEX_CONVERSION, "block_table_stride", v, 4), 1);
+    cr_assert_eq(v[0], 2);
+    release(&a);
+    release(&b);
+}
+
+/* §5 under DCP: ws = min(max(8*4096, 4*256*64), 65536, 256*64) = 16384,
+ * rounded to a multiple of 64*3 = 192: 16512 rows; bytes add ws / W. */
+Test(keys, workspace_rounds_to_block_times_world_under_dcp)
+{
+    fixture fx;
+    const char *flags[] = {"--dcp-world", "3", "--max-model-len", "4096", NULL};
+    derive(&fx, "{\"index_topk\": 64, \"kv_lora_rank\": 512,"
+                " \"qk_rope_head_dim\": 64, \"torch_dtype\": \"float32\"}", flags);
+    cr_assert_eq(fx.s.workspace_rows, 16512);
+    cr_assert_eq(fx.s.workspace_bytes, (16512LL + 16512 / 3) * 576 * 4);
+    release(&fx);
+}
+
+/* §6: equal inputs, equal digests; any change of field, arch or family
+ * changes the digest. */
+Test(keys, digest_is_stable_and_sensitive_to_every_input)
+{
+    kw_keys_key k = {.family = KW_K_DCP_STABLE_TOPK, .fields = {2048, 4096}};
+    memcpy(k.arch, "sm_90", 6);
+    uint8_t d0[32], d1[32];
+    cr_assert_eq(kw_keys_digest(&k, d0), 0);
+    cr_assert_eq(kw_keys_digest(&k, d1), 0);
+    cr_assert_eq(memcmp(d0, d1, 32), 0);
+    kw_keys_key v = k;
+    v.fields[1] = 4097;
+    cr_assert_eq(kw_keys_digest(&v, d1), 0);
+    cr_assert_neq(memcmp(d0, d1, 32), 0);
+    v = k;
+    memcpy(v.arch, "sm_100", 7);
+    cr_assert_eq(kw_keys_digest(&v, d1), 0);
+    cr_assert_neq(memcmp(d0, d1, 32), 0);
+    v = k;
+    v.family = KW_K_DCP_PACK_TOPK_CANDIDATES; /* same leading field values */
+    cr_assert_eq(kw_keys_digest(&v, d1), 0);
+    cr_assert_neq(memcmp(d0, d1, 32), 0);
+}
+
+/* Registry: names round-trip, unknown names are refused. */
+Test(keys, family_names_round_trip)
+{
+    for (int f = 0; f < KW_K_NFAMILIES; f++) {
+        kw_k_family g;
+        cr_assert_eq(kw_keys_family_from_name(kw_keys_family_name((kw_k_family)f), &g), 0);
+        cr_assert_eq((int)g, f);
+    }
+    kw_k_family g;
+    cr_assert_eq(kw_keys_family_from_name("flash_attention", &g), KW_ENOFAMILY);
+}
+
+/* A rank sweep that cannot fit in KW_KEYS_MAX is refused up front, not
+ * attempted. */
+Test(keys, refuses_rank_sweep_beyond_key_limit)
+{
+    char err[KW_CONFIG_ERRLEN] = "";
+    kw_config_model m;
+    kw_config_deploy d;
+    kw_keys_set s;
+    const char *json = "{\"index_topk\": 64, \"max_position_embeddings\": 4096}";
+    kw_config_deploy_init(&d);
+    cr_assert_eq(kw_config_deploy_set_flag(&d, KW_CONFIG_DCP_WORLD, "2000000",
+                                           err, sizeof err), 0);
+    cr_assert_eq(kw_config_load_buffer(&m, "t.json", json, strlen(json), NULL,
+                                       err, sizeof err), 0);
+    cr_assert_eq(kw_config_resolve(&d, &m, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(kw_keys_derive(&m, &d, &s, err, sizeof err), KW_EDEPLOY);
+    cr_assert(strstr(err, "--dcp-rank") != NULL, "%s", err);
+    kw_config_model_destroy(&m);
+    kw_config_deploy_destroy(&d);
+}
