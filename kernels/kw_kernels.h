@@ -74,13 +74,16 @@ typedef struct kw_k_dev {
  *       const int *cu_k, int num_reqs, int slice_start, int slice_stop,
  *       int dcp_rank, int dcp_world, int dcp_interleave, int total_k
  *       (== cu_k[num_reqs]), int *ks, int *ke, int *token_to_seq.
- *       Block: block_size threads.  Grid: any (grid-stride over tiles of
- *       4*block_size outputs: ceil(rows/tile) + ceil(total_k/tile) tiles).
+ *       Block: block_size threads.  Grid: any; rows and then K rows form
+ *       one index space that each block takes a contiguous range of, in
+ *       tiles of 4*block_size (the harness: ceil(tiles / 16) blocks, at
+ *       least min(tiles, 256)).
  *   compressed_slot_mapping: const int64 *slot_mapping, const int
  *       *query_start_loc, const int *seq_lens, const int *block_table,
  *       int num_tokens, int num_reqs, int width, int block_size, int64 *out.
- *       Block: triton_block_size threads.  Grid: any (tiles of 4*threads
- *       tokens, grid-strided).
+ *       Block: triton_block_size threads.  Grid: any; each block takes a
+ *       contiguous range of tiles of 4*threads tokens (the harness:
+ *       ceil(tiles / 16) blocks, at least min(tiles, 256)).
  *   index_conversion: const int *req_id, const int *block_table,
  *       const int *topk_pos, const int *prefill_req (opt), const int
  *       *workspace_start (opt), int num_rows, int num_reqs, int num_prefill,
@@ -93,7 +96,7 @@ typedef struct kw_k_dev {
  *       Block: kw_k_block_threads() (1024 when num_candidates > 4096, else
  *       512).  Grid: one block per row.
  * No kernel uses dynamic shared memory.  "Any grid" kernels are correct
- * for every grid size; the harness uses one block per tile.
+ * for every grid size; the "one block per row" ones too (they stride).
  * ---------------------------------------------------------------------- */
 
 /* Most fields any family has (index_conversion's 13). */

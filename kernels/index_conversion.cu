@@ -1,0 +1,248 @@
+/* index_conversion.cu: request-local top-k positions to physical KV rows
+ * (spec/kernels.md).  Device code only.
+ *
+ * Template parameters are the key's fields in spec order; only the last
+ * (block_table_stride) is a class, of the runtime width.
+ *
+ * Launch: NUM_WARPS*32 threads, one block per row (any grid: rows are
+ * grid-strided).  A block walks its row in chunks of NUM_WARPS*32*VEC*G
+ * entries (one chunk when SINGLE_TILE and BLOCK_N == TOPK), with 16-byte
+ * loads and stores when the row pointers allow.  compact_to_front scans the
+ * chunk's valid counts across the block and stages the survivors in shared
+ * memory, so the compacted row is written with coalesced stores.
+ *
+ * Rows whose request index is out of range (req_id outside [0, num_reqs)
+ * for decode rows, prefill_req >= num_prefill for prefill rows) come out
+ * all -1 rather than reading outside the arrays; the CPU reference rejects
+ * such input instead.
+ */
+#include "kw_k_dcp.cuh"
+
+/* One entry's conversion: everything that is fixed for the row. */
+template <int BS, int STRIDE, int W, int R, int IL, bool HAS_WS>
+struct ic_conv {
+    const int *bt_row;
+    int width;
+    int ws_base;   /* workspace_start[prefill_req] */
+    int ws_stride; /* workspace_rank_stride */
+    bool prefill;
+    bool dead;
+
+    /* Row `row`'s conversion: a prefill row when prefill_req says so (only
+     * with HAS_WS); dead (all -1) when its request index is out of range. */
+    __device__ __forceinline__ static ic_conv
+    of_row(int row, const int *__restrict__ req_id,
+           const int *__restrict__ block_table,
+           const int *__restrict__ prefill_req,
+           const int *__restrict__ workspace_start, int num_reqs,
+           int num_prefill, int width, int ws_stride)
+    {
+        ic_conv c;
+        int preq = HAS_WS ? __ldg(prefill_req + row) : -1;
+        int req = preq >= 0 ? 0 : __ldg(req_id + row);
+        c.prefill = preq >= 0;
+        c.dead = c.prefill ? preq >= num_prefill : (req < 0 || req >= num_reqs);
+        c.ws_base = c.prefill && !c.dead ? __ldg(workspace_start + preq) : 0;
+        c.ws_stride = ws_stride;
+        c.width = width;
+        c.bt_row = block_table + (long long)(c.dead ? 0 : req) * width;
+        return c;
+    }
+
+    __device__ __forceinline__ int operator()(int t) const
+    {
+        if (t < 0 || dead)
+            return -1;
+        unsigned owner = kw_k_dcp_owner((unsigned)t, W, IL);
+        unsigned l = W == 1 ? (unsigned)t : kw_k_dcp_local((unsigned)t, W, IL);
+        if (HAS_WS && prefill)
+            return (int)(owner * (unsigned)ws_stride + (unsigned)ws_base + l);
+        if (owner != (unsigned)R)
+            return -1;
+        unsigned blk = l / BS;
+        if (blk >= (unsigned)width)
+            return -1;
+        return (int)((unsigned)__ldg(bt_row + blk) * STRIDE + l % BS);
+    }
+};
+
+/* Exclusive block-wide prefix sums of G per-thread counts, ordered g-major
+ * (all threads' v[0], then all threads' v[1], ...), which is the order of
+ * the entries they count.  sm holds G*(THREADS/32) ints.  Returns the
+ * total.  One barrier, so every thread of the block must call it; the
+ * caller must pass another barrier before sm is written again. */
+template <int THREADS, int G>
+__device__ __forceinline__ int ic_block_scan(const int (&v)[G], int (&excl)[G],
+                                             int *sm)
+{
+    constexpr int NW = THREADS / 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int incl[G];
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        int x = v[g];
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+            int y = __shfl_up_sync(0xffffffffu, x, off);
+            x += lane >= off ? y : 0;
+        }
+        incl[g] = x;
+        if (lane == 31)
+            sm[g * NW + warp] = x;
+    }
+    __syncthreads();
+    int run = 0;
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        int before = 0, sum = 0;
+#pragma unroll
+        for (int w = 0; w < NW; w++) {
+            int t = sm[g * NW + w];
+            sum += t;
+            before += w < warp ? t : 0;
+        }
+        excl[g] = run + before + incl[g] - v[g];
+        run += sum;
+    }
+    return run;
+}
+
+/* Loads entries i0 .. i0+V-1 of a row (V == 4: one 16-byte load, and
+ * TOPK % 4 == 0 makes a vector either whole or past the end), -1 past it. */
+template <int V, int TOPK>
+__device__ __forceinline__ void ic_load(const int *__restrict__ in, int i0,
+                                        int (&t)[V])
+{
+    if constexpr (V == 4) {
+        int4 q = i0 < TOPK ? __ldg((const int4 *)(in + i0))
+                           : make_int4(-1, -1, -1, -1);
+        t[0] = q.x, t[1] = q.y, t[2] = q.z, t[3] = q.w;
+    } else {
+        t[0] = i0 < TOPK ? __ldg(in + i0) : -1;
+    }
+}
+
+template <int V, int TOPK>
+__device__ __forceinline__ void ic_store(int *__restrict__ o, int i0,
+                                         const int (&v)[V])
+{
+    if (i0 >= TOPK)
+        return;
+    if constexpr (V == 4)
+        *(int4 *)(o + i0) = make_int4(v[0], v[1], v[2], v[3]);
+    else
+        o[i0] = v[0];
+}
+
+/* Converts one row; returns its count of outputs != -1 (when !COMPACT, the
+ * calling thread's part of it).  V is 4 when the row pointers are 16-byte
+ * aligned (and TOPK % 4 == 0), else 1. */
+template <int THREADS, int G, int V, int TOPK, bool COMPACT, class Conv>
+__device__ __forceinline__ int ic_row(const Conv &conv,
+                                      const int *__restrict__ in,
+                                      int *__restrict__ o, int *sm_scan,
+                                      int *stage)
+{
+    constexpr int CH = THREADS * V * G;
+    int run = 0; /* outputs != -1 so far; the write cursor when COMPACT */
+    for (int base = 0; base < TOPK; base += CH) {
+        int val[G][V], cnt[G];
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            const int i0 = base + (g * THREADS + (int)threadIdx.x) * V;
+            int t[V];
+            ic_load<V, TOPK>(in, i0, t);
+            cnt[g] = 0;
+#pragma unroll
+            for (int k = 0; k < V; k++) {
+                val[g][k] = conv(t[k]);
+                cnt[g] += val[g][k] != -1;
+            }
+            if constexpr (!COMPACT)
+                ic_store<V, TOPK>(o, i0, val[g]);
+        }
+        if constexpr (COMPACT) {
+            int excl[G];
+            int total = ic_block_scan<THREADS, G>(cnt, excl, sm_scan);
+#pragma unroll
+            for (int g = 0; g < G; g++)
+#pragma unroll
+                for (int k = 0; k < V; k++)
+                    if (val[g][k] != -1)
+                        stage[excl[g]++] = val[g][k];
+            __syncthreads();
+            for (int i = threadIdx.x; i < total; i += THREADS)
+                o[run + i] = stage[i];
+            run += total; /* the next scan's barrier guards stage[]; the
+                             one above guards sm_scan */
+        } else {
+#pragma unroll
+            for (int g = 0; g < G; g++)
+                run += cnt[g]; /* per thread here; summed by the caller */
+        }
+    }
+    if constexpr (COMPACT) {
+        for (int i = run + (int)threadIdx.x; i < TOPK; i += THREADS)
+            o[i] = -1;
+    }
+    return run;
+}
+
+/* Without compaction the kernel needs few registers: asking for a full
+ * SM of blocks (no spills) measured 89% -> 93% of copy bandwidth; the
+ * compacting variant spills under that bound and got slower, so it keeps
+ * the compiler's choice (a minimum of 0 blocks sets no bound). */
+template <int BS, int STRIDE, int BLOCK_N, bool SINGLE_TILE, int NUM_WARPS,
+          bool HAS_WS, bool COUNT, bool COMPACT, int W, int R, int IL,
+          int TOPK, int BT_REP>
+__global__ void __launch_bounds__(NUM_WARPS * 32,
+                                  COMPACT ? 0 : 2048 / (NUM_WARPS * 32))
+    kw_k_index_conversion(
+    const int *__restrict__ req_id, const int *__restrict__ block_table,
+    const int *__restrict__ topk_pos, const int *__restrict__ prefill_req,
+    const int *__restrict__ workspace_start, int num_rows, int num_reqs,
+    int num_prefill, int width, int workspace_rank_stride,
+    int *__restrict__ out, int *__restrict__ valid_count)
+{
+    static_assert(BS >= 1 && W >= 1 && R >= 0 && R < W && IL >= 1 &&
+                      TOPK >= 1 && NUM_WARPS >= 1 && NUM_WARPS <= 32,
+                  "invalid index_conversion key");
+    constexpr int THREADS = NUM_WARPS * 32;
+    constexpr int V = TOPK % 4 == 0 ? 4 : 1;
+    /* Vectors a thread holds per chunk: a single tile wants the whole row
+     * in one chunk (one scan), capped so registers and stage[] stay small
+     * (stage <= 8192 ints; THREADS * V <= 4096 keeps the cap >= 2). */
+    constexpr int GW = SINGLE_TILE ? (BLOCK_N + THREADS * V - 1) / (THREADS * V)
+                                   : 2;
+    constexpr int GCAP = 8192 / (THREADS * V) > 4 ? 4 : 8192 / (THREADS * V);
+    constexpr int G = GW < 1 ? 1 : (GW > GCAP ? GCAP : GW);
+    using Conv = ic_conv<BS, STRIDE, W, R, IL, HAS_WS>;
+    __shared__ int sm_scan[G * NUM_WARPS];
+    __shared__ int stage[COMPACT ? THREADS * V * G : 1];
+    width = kw_k_rep<BT_REP>(width);
+    for (int row = blockIdx.x; row < num_rows; row += gridDim.x) {
+        const Conv conv = Conv::of_row(row, req_id, block_table, prefill_req,
+                                       workspace_start, num_reqs, num_prefill,
+                                       width, workspace_rank_stride);
+        const int *in = topk_pos + (long long)row * TOPK;
+        int *o = out + (long long)row * TOPK;
+        const unsigned long long addr_bits =
+            (unsigned long long)in | (unsigned long long)o;
+        int valid;
+        if (V == 4 && (addr_bits & 15) == 0)
+            valid = ic_row<THREADS, G, V, TOPK, COMPACT>(conv, in, o, sm_scan,
+                                                        stage);
+        else
+            valid = ic_row<THREADS, G, 1, TOPK, COMPACT>(conv, in, o, sm_scan,
+                                                        stage);
+        if constexpr (!COUNT)
+            continue;
+        if constexpr (!COMPACT) { /* valid is per thread: sum the block */
+            int one[1] = {valid}, ex[1];
+            valid = ic_block_scan<THREADS, 1>(one, ex, sm_scan);
+            __syncthreads(); /* sm_scan is reused by the next row */
+        }
+        if (threadIdx.x == 0)
+            valid_count[row] = valid;
+    }
+}
