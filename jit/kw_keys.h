@@ -80,4 +80,23 @@ int kw_keys_to_json(const kw_config_model *m, const kw_config_deploy *d,
 /* Builds one key's JSON object {"family", "arch", "fields", "digest"}. */
 cJSON *kw_keys_key_json(const kw_keys_key *k);
 
+/* Storage behind one rendered compile request: the name expression and
+ * the named headers.  Caller-allocated; the request borrows from it. */
+#define KW_KEYS_MAX_HEADERS 8
+typedef struct kw_keys_build {
+    char name_expr[512];
+    kw_jit_header headers[KW_KEYS_MAX_HEADERS];
+    size_t nheaders;
+} kw_keys_build;
+
+/* Renders key k into an NVRTC request for kw_jit_compile(): the family's
+ * embedded source and headers, its template name expression, k->arch.
+ * req borrows from b and from k (the arch), which must outlive it.
+ * Returns 0, KW_ENOFAMILY (no source embedded) or KW_ENOSPC. */
+int kw_keys_jit_req(const kw_keys_key *k, kw_keys_build *b, kw_jit_req *req);
+
+/* Renders and compiles k (see kw_jit_compile() for res and the codes).
+ * res is always safe to pass to kw_jit_result_destroy().  Thread-safe. */
+int kw_keys_compile(const kw_keys_key *k, bool want_ptx, kw_jit_result *res);
+
 #endif /* KW_KEYS_H */

@@ -1,9 +1,8 @@
 /* registry.c: the kernel family registry and the key digest (§6).
  *
- * A family is one row of `families` below: its name, its fields in the
- * spec's order, which of them are booleans, and its key derivation
- * (keys.c).  Its device source is kernels/<name>.cu, embedded at build
- * time, plus every shared kernels/ header.
+ * A family is its kernels/ entry (name, fields in the spec's order, the
+ * embedded source kernels/<name>.cu plus every shared header), which of
+ * its fields are booleans (below), and its key derivation (keys.c).
  */
 #include "kw_keys.h"
 
@@ -16,66 +15,44 @@
 #include "kw_err.h"
 #include "kw_jit.h"
 
-typedef struct family_def {
-    const char *name;
-    const char *fields[KW_KEYS_MAX_FIELDS];
-    unsigned bools; /* bit i: field i is a boolean */
-} family_def;
+_Static_assert(KW_KEYS_MAX_FIELDS >= KW_K_MAX_FIELDS,
+               "a key holds every field of every family");
 
-static const family_def families[KW_K_NFAMILIES] = {
-    [KW_K_PREFILL_CHUNK_METADATA] = {"prefill_chunk_metadata",
-        {"query_slice_start", "query_slice_stop", "dcp_rank", "dcp_world",
-         "dcp_interleave", "block_size", "compress_ratio",
-         "uncompressed_seq_lens_aligned"}, 1u << 7},
-    [KW_K_COMPRESSED_SLOT_MAPPING] = {"compressed_slot_mapping",
-        {"compress_ratio", "triton_block_size", "block_size",
-         "dcp_world_size", "dcp_rank", "cp_kv_cache_interleave_size"}, 0},
-    [KW_K_INDEX_CONVERSION] = {"index_conversion",
-        {"block_size", "block_stride_rows", "block_n", "single_tile",
-         "num_warps", "has_prefill_workspace", "count_valid",
-         "compact_to_front", "dcp_size", "dcp_rank", "dcp_interleave",
-         "num_topk_tokens", "block_table_stride"},
-        (1u << 3) | (1u << 5) | (1u << 6) | (1u << 7)},
-    [KW_K_DCP_PACK_TOPK_CANDIDATES] = {"dcp_pack_topk_candidates",
-        {"dcp_rank", "dcp_world_size", "cp_interleave", "has_row_starts",
-         "topk", "block_size"}, 1u << 3},
-    [KW_K_DCP_STABLE_TOPK] = {"dcp_stable_topk",
-        {"topk", "num_candidates"}, 0},
+/* Which fields of each family are booleans (bit i: field i), so they
+ * print as JSON booleans; names, order and sources come from kernels/. */
+static const unsigned bool_fields[KW_K_NFAMILIES] = {
+    [KW_K_PREFILL_CHUNK_METADATA] = 1u << 7,
+    [KW_K_COMPRESSED_SLOT_MAPPING] = 0,
+    [KW_K_INDEX_CONVERSION] = (1u << 3) | (1u << 5) | (1u << 6) | (1u << 7),
+    [KW_K_DCP_PACK_TOPK_CANDIDATES] = 1u << 3,
+    [KW_K_DCP_STABLE_TOPK] = 0,
 };
 
 const char *kw_keys_family_name(kw_k_family f)
 {
-    return (unsigned)f < KW_K_NFAMILIES ? families[f].name : "?";
+    const char *n = kw_k_family_name(f);
+    return n != NULL ? n : "?";
 }
 
 int kw_keys_family_from_name(const char *name, kw_k_family *out)
 {
-    for (int f = 0; f < KW_K_NFAMILIES; f++)
-        if (strcmp(families[f].name, name) == 0) {
-            *out = (kw_k_family)f;
-            return 0;
-        }
-    return KW_ENOFAMILY;
+    return kw_k_family_from_name(name, out);
 }
 
 size_t kw_keys_nfields(kw_k_family f)
 {
-    size_t n = 0;
-    if ((unsigned)f >= KW_K_NFAMILIES)
-        return 0;
-    while (n < KW_KEYS_MAX_FIELDS && families[f].fields[n] != NULL)
-        n++;
-    return n;
+    return kw_k_nfields(f);
 }
 
 const char *kw_keys_field_name(kw_k_family f, size_t i)
 {
-    return i < kw_keys_nfields(f) ? families[f].fields[i] : "?";
+    const char *n = kw_k_field_name(f, i);
+    return n != NULL ? n : "?";
 }
 
 bool kw_keys_field_is_bool(kw_k_family f, size_t i)
 {
-    return i < kw_keys_nfields(f) && (families[f].bools >> i) & 1u;
+    return i < kw_keys_nfields(f) && (bool_fields[f] >> i) & 1u;
 }
 
 /* The canonical encoding: every variable-size item is length-prefixed
@@ -101,8 +78,7 @@ static void put_str(crypto_generichash_state *st, const char *s, size_t n)
 static void source_digest(kw_k_family f, uint8_t out[KW_KEYS_DIGEST_LEN])
 {
     crypto_generichash_state st;
-    char cu[96];
-    snprintf(cu, sizeof cu, "%s.cu", families[f].name);
+    const char *cu = kw_k_source_name(f);
     crypto_generichash_init(&st, NULL, 0, KW_KEYS_DIGEST_LEN);
     for (size_t i = 0; i < kw_k_nfiles; i++) {
         const char *n = kw_k_files[i].name;
@@ -131,16 +107,17 @@ int kw__keys_digest_init(kw__keys_digest_ctx *ctx)
 void kw__keys_digest_with(const kw__keys_digest_ctx *ctx, const kw_keys_key *k,
                           uint8_t out[KW_KEYS_DIGEST_LEN])
 {
-    const family_def *fd = &families[k->family];
+    const char *name = kw_keys_family_name(k->family);
     crypto_generichash_state st;
     crypto_generichash_init(&st, NULL, 0, KW_KEYS_DIGEST_LEN);
     put_str(&st, "kwarm-key", 9);
     put_u64(&st, KW_KEYS_SCHEMA);
-    put_str(&st, fd->name, strlen(fd->name));
+    put_str(&st, name, strlen(name));
     size_t nf = kw_keys_nfields(k->family);
     put_u64(&st, nf);
     for (size_t i = 0; i < nf; i++) {
-        put_str(&st, fd->fields[i], strlen(fd->fields[i]));
+        const char *field = kw_keys_field_name(k->family, i);
+        put_str(&st, field, strlen(field));
         put_u64(&st, (uint64_t)k->fields[i]);
     }
     put_str(&st, k->arch, strlen(k->arch));
