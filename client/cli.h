@@ -9,6 +9,7 @@
 #include <stdbool.h>
 
 #include "kw_config.h"
+#include "kw_keys.h"
 
 enum { KW_CLI_OK = 0, KW_CLI_RUNTIME = 1, KW_CLI_USAGE = 2 };
 
@@ -50,7 +51,24 @@ extern const char kw__cli_deploy_help[];
 void kw__cli_err(const char *cmd, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* Most compile threads a command starts. */
+#define KW_CLI_MAX_JOBS 256
+
+/* Compiles keys[0..n) on `jobs` threads into res[i] / rc[i] (kw_keys_
+ * compile's code), drawing a progress bar labelled label on stderr when it
+ * is a terminal.  Every res[i] is the caller's to destroy.  Returns 0. */
+int kw__cli_compile_all(const kw_keys_key *keys, size_t n, unsigned jobs,
+                        kw_jit_result *res, int *rc, const char *label);
+
+/* The online processors, capped at KW_CLI_MAX_JOBS: the --jobs default. */
+unsigned kw__cli_default_jobs(void);
+
+/* Derives the keys of a loaded model; prints the error and returns an exit
+ * code on failure, KW_CLI_OK on success. */
+int kw__cli_derive(kw__cli_model *a, const char *cmd, kw_keys_set *set);
+
 /* The commands. */
 int kw__cli_keys(int argc, char **argv);
+int kw__cli_verify(int argc, char **argv);
 
 #endif /* KW_CLI_H */

@@ -126,7 +126,6 @@ int kw__cli_keys(int argc, char **argv)
     kw__cli_model a;
     kw_keys_set set = {0};
     bool json = false;
-    char err[KW_CONFIG_ERRLEN];
     kw__cli_model_init(&a);
     int rc = parse(&a, &json, argc, argv);
     if (rc < 0)
@@ -135,12 +134,8 @@ int kw__cli_keys(int argc, char **argv)
         goto out;
     if (rc != KW_CLI_OK)
         goto out;
-    int krc = kw_keys_derive(&a.cfg, &a.dep, &set, err, sizeof err);
-    if (krc < 0) {
-        kw__cli_err("keys", "%s", krc == KW_ENOMEM ? kw_strerror(krc) : err);
-        rc = krc == KW_EDEPLOY ? KW_CLI_USAGE : KW_CLI_RUNTIME;
+    if ((rc = kw__cli_derive(&a, "keys", &set)) != KW_CLI_OK)
         goto out;
-    }
     if (json)
         rc = print_json(&a, &set);
     else {

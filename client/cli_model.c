@@ -136,3 +136,14 @@ void kw__cli_model_destroy(kw__cli_model *a)
     kw_config_model_destroy(&a->cfg);
     kw_config_deploy_destroy(&a->dep);
 }
+
+int kw__cli_derive(kw__cli_model *a, const char *cmd, kw_keys_set *set)
+{
+    char err[KW_CONFIG_ERRLEN];
+    int rc = kw_keys_derive(&a->cfg, &a->dep, set, err, sizeof err);
+    if (rc < 0) {
+        kw__cli_err(cmd, "%s", rc == KW_ENOMEM ? kw_strerror(rc) : err);
+        return rc == KW_EDEPLOY ? KW_CLI_USAGE : KW_CLI_RUNTIME;
+    }
+    return KW_CLI_OK;
+}

@@ -12,6 +12,7 @@ typedef struct command {
 
 static const command commands[] = {
     {"keys", kw__cli_keys, "print the compile keys of a model and deployment"},
+    {"verify", kw__cli_verify, "run every key's kernel against its CPU reference (GPU)"},
 };
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
 

@@ -386,3 +386,52 @@ Test(cli, error_stays_one_line_when_input_holds_newline, .init = tmp_setup,
                      ARGS("keys", "--model", V32, "--text-config", "/a\nb"),
                      NO_NEEDLES);
 }
+
+/* ---- kwarm verify without a GPU (issue 3) ------------------------------- */
+
+#include "kw_cuda.h"
+
+/* True when this host has a usable CUDA driver. */
+static bool have_gpu(void)
+{
+    kw_cuda *c = NULL;
+    char err[256];
+    if (kw_cuda_open(&c, 0, err, sizeof err) < 0)
+        return false;
+    kw_cuda_close(c);
+    return true;
+}
+
+Test(cli, verify_without_gpu_exits_1_with_one_line_naming_libcuda)
+{
+    if (have_gpu())
+        cr_skip_test("a CUDA driver is present; the GPU path runs instead");
+    const char *args[] = {"verify", "--model",
+                          KW_FIXTURES "/deepseek-v3.2-exp.json", NULL};
+    result r = kwarm(args);
+    cr_expect_eq(r.status, 1, "exit %d; stderr: %s", r.status, r.err);
+    cr_expect_eq(lines(r.err), 1, "stderr: %s", r.err);
+    cr_expect(strstr(r.err, "libcuda") != NULL, "stderr: %s", r.err);
+    result_free(&r);
+}
+
+Test(cli, verify_checks_its_input_before_looking_for_a_gpu)
+{
+    const char *args[] = {"verify", "--model",
+                          KW_FIXTURES "/bad/topk-string.json", NULL};
+    const char *needles[] = {"topk-string.json", "/index_topk", NULL};
+    expect_bad_input("verify bad model", args, needles);
+    const char *jobs[] = {"verify", "--model", KW_FIXTURES "/glm-5.2.json",
+                          "--jobs", "0", NULL};
+    const char *jneedles[] = {"--jobs", NULL};
+    expect_bad_input("verify --jobs 0", jobs, jneedles);
+}
+
+Test(cli, verify_help_exits_0)
+{
+    const char *args[] = {"verify", "--help", NULL};
+    result r = kwarm(args);
+    cr_expect_eq(r.status, 0);
+    cr_expect(strstr(r.out, "--jobs") != NULL && strstr(r.out, "--dcp-world") != NULL);
+    result_free(&r);
+}
