@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# gpu-check.sh: everything kwarm checks on a GPU machine, in one go.
+#
+# Run from the repository root on the GPU machine, with a build made on the
+# development machine (BUILD, default build-gpu) and the Debian runtime
+# libraries it links in .gpu/ (see ../shared/gpu/README.md).  Logs go to
+# OUT (default ./gpu-out):
+#   tests.log        the criterion suites that touch the GPU
+#   verify.log       kwarm verify on every fixture, DCP worlds 1/2/4/8,
+#                    interleaves 1 and 16, every rank
+#   bench.log/json   bench_kernels (production sizes vs copy bandwidth)
+#   topk.log/json    dcp_stable_topk vs torch.topk + stable tie-break
+set -uo pipefail
+BUILD=${BUILD:-build-gpu}
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT" /tmp/deps /tmp/kw-dump
+for f in .gpu/*.deb; do dpkg -x "$f" /tmp/deps; done
+export LD_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+status=0
+
+nvidia-smi -L | tee "$OUT/device.txt"
+
+{
+  for t in test_cuda test_kcheck test_jit; do
+    [ -x "$BUILD/$t" ] && "$BUILD/$t" --jobs 4 || status=1
+  done
+} > "$OUT/tests.log" 2>&1
+tail -n 3 "$OUT/tests.log"
+
+{
+  for m in tests/fixtures/*.json; do
+    for d in "" "--dcp-world 2" "--dcp-world 2 --dcp-interleave 16" \
+             "--dcp-world 4" "--dcp-world 4 --dcp-interleave 16" \
+             "--dcp-world 8" "--dcp-world 8 --dcp-interleave 16" \
+             "--dcp-world 8 --dcp-rank 3 --dcp-interleave 16 --pcp 2"; do
+      echo "\$ kwarm verify --model $m $d"
+      # shellcheck disable=SC2086
+      "$BUILD/kwarm" verify --model "$m" $d || status=1
+      echo
+    done
+  done
+} > "$OUT/verify.log" 2>&1
+grep -c "0 failed" "$OUT/verify.log"
+
+"$BUILD/bench_kernels" --json "$OUT/bench.json" --dump /tmp/kw-dump > "$OUT/bench.log" 2>&1 || status=1
+cat "$OUT/bench.log"
+python3 bench/topk_torch.py /tmp/kw-dump --json "$OUT/topk.json" > "$OUT/topk.log" 2>&1 || status=1
+cat "$OUT/topk.log"
+exit $status
