@@ -5,7 +5,6 @@
 
 #include <criterion/criterion.h>
 #include <ctype.h>
-#include <dirent.h>
 #include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -116,37 +115,24 @@ static char tmpdir[64];
 
 static inline void tmp_setup(void)
 {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/kw-test-cli-XXXXXX");
-    cr_assert_not_null(mkdtemp(tmpdir), "mkdtemp: %s", strerror(errno));
+    cr_assert_eq(kw_test_mkdtemp(tmpdir, sizeof tmpdir, "cli"), 0,
+                 "mkdtemp: %s", strerror(errno));
 }
 
-/* Removes the (flat) temporary directory and the files in it. */
+/* Removes the temporary directory and everything in it. */
 static inline void tmp_teardown(void)
 {
-    DIR *dir = tmpdir[0] != '\0' ? opendir(tmpdir) : NULL;
-    if (dir == NULL)
-        return;
-    for (struct dirent *e; (e = readdir(dir)) != NULL;) {
-        char path[512];
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-            continue;
-        snprintf(path, sizeof path, "%s/%s", tmpdir, e->d_name);
-        unlink(path);
-    }
-    closedir(dir);
-    rmdir(tmpdir);
+    kw_test_rmtree(tmpdir);
 }
 
 /* Writes len bytes to tmpdir/name; returns a new path string (free it). */
 static inline char *tmp_file(const char *name, const char *data, size_t len)
 {
-    char *path = malloc(strlen(tmpdir) + strlen(name) + 2);
+    size_t cap = strlen(tmpdir) + strlen(name) + 2;
+    char *path = malloc(cap);
     cr_assert_not_null(path);
-    sprintf(path, "%s/%s", tmpdir, name);
-    FILE *f = fopen(path, "wb");
-    cr_assert_not_null(f, "%s: %s", path, strerror(errno));
-    cr_assert_eq(fwrite(data, 1, len, f), len);
-    cr_assert_eq(fclose(f), 0);
+    cr_assert_eq(kw_test_write_file(tmpdir, name, data, len, path, cap), 0,
+                 "%s: %s", path, strerror(errno));
     return path;
 }
 

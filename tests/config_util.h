@@ -8,7 +8,6 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <dirent.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -148,36 +147,22 @@ static char tmpdir[64];
 
 static inline void tmp_setup(void)
 {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/kw-test-config-XXXXXX");
-    cr_assert_not_null(mkdtemp(tmpdir), "mkdtemp: %s", strerror(errno));
+    cr_assert_eq(kw_test_mkdtemp(tmpdir, sizeof tmpdir, "config"), 0,
+                 "mkdtemp: %s", strerror(errno));
 }
 
-/* Removes the (flat) temporary directory and the files in it. */
+/* Removes the temporary directory and everything in it. */
 static inline void tmp_teardown(void)
 {
-    DIR *dir = tmpdir[0] != '\0' ? opendir(tmpdir) : NULL;
-    if (dir == NULL)
-        return;
-    for (struct dirent *e; (e = readdir(dir)) != NULL;) {
-        char path[512];
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-            continue;
-        snprintf(path, sizeof path, "%s/%s", tmpdir, e->d_name);
-        unlink(path);
-    }
-    closedir(dir);
-    rmdir(tmpdir);
+    kw_test_rmtree(tmpdir);
 }
 
 /* Writes len bytes of data to tmpdir/name; returns the path (static). */
 static inline const char *tmp_file(const char *name, const char *data, size_t len)
 {
     static char path[256];
-    snprintf(path, sizeof path, "%s/%s", tmpdir, name);
-    FILE *f = fopen(path, "wb");
-    cr_assert_not_null(f, "%s: %s", path, strerror(errno));
-    cr_assert_eq(fwrite(data, 1, len, f), len);
-    cr_assert_eq(fclose(f), 0);
+    cr_assert_eq(kw_test_write_file(tmpdir, name, data, len, path, sizeof path),
+                 0, "%s/%s: %s", tmpdir, name, strerror(errno));
     return path;
 }
 

@@ -7,7 +7,6 @@
 #include <criterion/criterion.h>
 #include <ctype.h>
 #include <errno.h>
-#include <dirent.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -174,37 +173,23 @@ static char tmpdir[64];
 
 static inline void tmp_setup(void)
 {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/kw-test-deploy-XXXXXX");
-    cr_assert_not_null(mkdtemp(tmpdir), "mkdtemp: %s", strerror(errno));
+    cr_assert_eq(kw_test_mkdtemp(tmpdir, sizeof tmpdir, "deploy"), 0,
+                 "mkdtemp: %s", strerror(errno));
 }
 
-/* Removes the (flat) temporary directory and the files in it. */
+/* Removes the temporary directory and everything in it. */
 static inline void tmp_teardown(void)
 {
-    DIR *dir = tmpdir[0] != '\0' ? opendir(tmpdir) : NULL;
-    if (dir == NULL)
-        return;
-    for (struct dirent *e; (e = readdir(dir)) != NULL;) {
-        char path[512];
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-            continue;
-        snprintf(path, sizeof path, "%s/%s", tmpdir, e->d_name);
-        unlink(path);
-    }
-    closedir(dir);
-    rmdir(tmpdir);
+    kw_test_rmtree(tmpdir);
 }
 
 /* Writes text to tmpdir/name and returns the path (static buffer). */
 static inline const char *tmp_file(const char *name, const char *text)
 {
     static char path[256];
-    snprintf(path, sizeof path, "%s/%s", tmpdir, name);
-    FILE *f = fopen(path, "wb");
-    cr_assert_not_null(f, "%s: %s", path, strerror(errno));
-    size_t len = strlen(text);
-    cr_assert_eq(fwrite(text, 1, len, f), len);
-    cr_assert_eq(fclose(f), 0);
+    cr_assert_eq(kw_test_write_file(tmpdir, name, text, strlen(text), path,
+                                    sizeof path), 0, "%s/%s: %s", tmpdir, name,
+                 strerror(errno));
     return path;
 }
 

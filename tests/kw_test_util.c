@@ -1,8 +1,10 @@
 /* kw_test_util.c: generic helpers shared by every criterion suite. */
+#define _XOPEN_SOURCE 700 /* nftw() is XSI */
 #include "kw_test_util.h"
 
 #include <elf.h>
 #include <errno.h>
+#include <ftw.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <spawn.h>
@@ -256,4 +258,45 @@ bool kw_test_elf_has_symbol(const uint8_t *buf, size_t len, const char *name)
         }
     }
     return false;
+}
+
+int kw_test_mkdtemp(char *buf, size_t cap, const char *tag)
+{
+    if (snprintf(buf, cap, "/tmp/kw-test-%s-XXXXXX", tag) >= (int)cap) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    return mkdtemp(buf) != NULL ? 0 : -1;
+}
+
+static int rm_entry(const char *path, const struct stat *st, int flag,
+                    struct FTW *ftw)
+{
+    (void)st;
+    (void)ftw;
+    if (flag == FTW_DP)
+        rmdir(path);
+    else
+        unlink(path);
+    return 0;
+}
+
+void kw_test_rmtree(const char *dir)
+{
+    if (dir != NULL && dir[0] != '\0')
+        nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+int kw_test_write_file(const char *dir, const char *name, const void *data,
+                       size_t len, char *path, size_t cap)
+{
+    if (snprintf(path, cap, "%s/%s", dir, name) >= (int)cap) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    FILE *f = fopen(path, "wb");
+    if (f == NULL)
+        return -1;
+    size_t n = fwrite(data, 1, len, f);
+    return fclose(f) == 0 && n == len ? 0 : -1;
 }

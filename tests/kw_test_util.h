@@ -33,4 +33,16 @@ int kw_test_elf_machine(const uint8_t *buf, size_t len);
  * or corrupt image gives false, never a read out of bounds. */
 bool kw_test_elf_has_symbol(const uint8_t *buf, size_t len, const char *name);
 
+/* Makes a fresh directory /tmp/kw-test-TAG-XXXXXX, its path in buf (cap
+ * bytes).  Returns 0, or -1 with errno set. */
+int kw_test_mkdtemp(char *buf, size_t cap, const char *tag);
+
+/* Removes dir and everything under it; a missing dir is fine. */
+void kw_test_rmtree(const char *dir);
+
+/* Writes len bytes of data to dir/name, its path in path (cap bytes).
+ * Returns 0, or -1 with errno set. */
+int kw_test_write_file(const char *dir, const char *name, const void *data,
+                       size_t len, char *path, size_t cap);
+
 #endif /* KW_TEST_UTIL_H */
