@@ -6,6 +6,8 @@
  * on stdout.  `--json` output is parsed with cJSON and compared, as sets,
  * with tests/fixtures/expected/NAME.DEPLOY.json.
  */
+#include <dirent.h>
+
 #include "cli_util.h"
 
 /* kw_test_run() stores an empty NUL-terminated string for a stream that
