@@ -1,0 +1,208 @@
+/* flush.c: hits and counters recorded in memory, and their flush
+ * (kw_cache.h, internal.h).
+ *
+ * A get must not write: a write transaction costs an fsync and serializes
+ * with every put.  So a hit goes into `pend`, a small open-addressing
+ * table keyed by digest (the digest is a BLAKE2b output, so its first bytes
+ * are already a good hash), and a flush applies the whole table in one
+ * write transaction: hits and last use in "meta", the entry's key moved to
+ * its new tick in "lru", counters added to "stats".
+ *
+ * A flush swaps `pend` with the empty `spare` under pend_mu and then writes
+ * `spare` with no lock but flush_mu held, so gets keep recording while the
+ * transaction commits.  If it fails, `spare` is merged back into `pend`.
+ */
+#include "kw_cache.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "kw_err.h"
+
+int kw__cache_pending_init(kw_cache *c)
+{
+    c->pend.slots = calloc(KW__CACHE_PENDING_CAP, sizeof *c->pend.slots);
+    c->spare.slots = calloc(KW__CACHE_PENDING_CAP, sizeof *c->spare.slots);
+    return c->pend.slots && c->spare.slots ? 0 : KW_ENOMEM;
+}
+
+void kw__cache_pending_destroy(kw_cache *c)
+{
+    free(c->pend.slots);
+    free(c->spare.slots);
+    c->pend.slots = c->spare.slots = NULL;
+}
+
+/* The slot of digest in p: its own, or the empty one where it goes; NULL
+ * when the table is full.  Linear probing from the digest's first bytes. */
+static kw__cache_hit *slot_of(kw__cache_pending *p, const uint8_t *digest)
+{
+    size_t h;
+    memcpy(&h, digest, sizeof h);
+    for (size_t i = 0; i < KW__CACHE_PENDING_CAP; i++) {
+        kw__cache_hit *s = &p->slots[(h + i) & (KW__CACHE_PENDING_CAP - 1)];
+        if (!s->used || memcmp(s->digest, digest, KW_CACHE_DIGEST_LEN) == 0)
+            return s;
+    }
+    return NULL;
+}
+
+/* Adds `hits` hits at `tick` on digest to p.  Caller holds pend_mu (or
+ * owns p).  False when the table is too full to take a new digest: the
+ * recency of that hit is then lost, its count is not. */
+static bool add_hit_locked(kw__cache_pending *p, const uint8_t *digest,
+                           uint32_t hits, uint64_t tick)
+{
+    /* keep the table at most 3/4 full so probes stay short */
+    kw__cache_hit *s = slot_of(p, digest);
+    if (!s || (!s->used && p->n >= KW__CACHE_PENDING_CAP * 3 / 4))
+        return false;
+    if (!s->used) {
+        memcpy(s->digest, digest, KW_CACHE_DIGEST_LEN);
+        s->used = true;
+        s->hits = 0;
+        s->tick = 0;
+        p->n++;
+    }
+    s->hits = UINT32_MAX - s->hits < hits ? UINT32_MAX : s->hits + hits;
+    if (tick > s->tick)
+        s->tick = tick;
+    return true;
+}
+
+static int flush_locked(kw_cache *c);
+
+void kw__cache_record_hit(kw_cache *c, const uint8_t *digest)
+{
+    if (c->read_only)
+        return;
+    uint64_t tick = kw__cache_tick(c);
+    pthread_mutex_lock(&c->pend_mu);
+    c->pend.hits++;
+    add_hit_locked(&c->pend, digest, 1, tick);
+    bool full = c->pend.n >= KW__CACHE_PENDING_MAX;
+    pthread_mutex_unlock(&c->pend_mu);
+    /* If another thread is flushing, it will empty the table: do not wait
+     * for it.  A failed flush keeps the hits for the next one, and the
+     * error text for kw_cache_last_error(); the get itself succeeded. */
+    if (full && pthread_mutex_trylock(&c->flush_mu) == 0) {
+        flush_locked(c);
+        pthread_mutex_unlock(&c->flush_mu);
+    }
+}
+
+void kw__cache_record_miss(kw_cache *c)
+{
+    if (c->read_only)
+        return;
+    pthread_mutex_lock(&c->pend_mu);
+    c->pend.misses++;
+    pthread_mutex_unlock(&c->pend_mu);
+}
+
+/* Applies one recorded hit to its entry, if the entry is still there. */
+static int apply_hit(kw_cache *c, MDB_txn *txn, const kw__cache_hit *h)
+{
+    kw__cache_meta m;
+    int rc = kw__cache_meta_get(c, txn, h->digest, &m);
+    if (rc == KW_ENOTFOUND || rc == KW_ECORRUPT)
+        return 0; /* evicted or removed since; a get reports corruption */
+    if (rc < 0)
+        return rc;
+    m.info.hits += h->hits;
+    if (h->tick > m.tick) {
+        uint8_t key[KW__CACHE_LRU_KEY];
+        if (!m.info.pinned) { /* pinned entries are not in "lru" */
+            kw__cache_lru_key(m.tick, h->digest, key);
+            MDB_val k = {sizeof key, key}, empty = {0, NULL};
+            rc = kw__cache_mdb(c, "mdb_del(lru)",
+                               mdb_del(txn, c->lru, &k, NULL));
+            kw__cache_lru_key(h->tick, h->digest, key);
+            if (rc == 0 || rc == KW_ENOTFOUND)
+                rc = kw__cache_mdb(c, "mdb_put(lru)",
+                                   mdb_put(txn, c->lru, &k, &empty, 0));
+        }
+        m.tick = h->tick;
+    }
+    if (rc == 0)
+        rc = kw__cache_meta_put(c, txn, h->digest, &m);
+    return rc;
+}
+
+/* Writes c->spare (hits and counters) in txn. */
+static int flush_fn(kw_cache *c, MDB_txn *txn, void *arg)
+{
+    (void)arg;
+    kw__cache_pending *p = &c->spare;
+    int rc = 0;
+    for (size_t i = 0; i < KW__CACHE_PENDING_CAP && rc == 0; i++) {
+        if (p->slots[i].used)
+            rc = apply_hit(c, txn, &p->slots[i]);
+    }
+    static const char *const names[4] = {"hits", "misses", "compiles",
+                                         "compile_failures"};
+    const uint64_t add[4] = {p->hits, p->misses, p->compiles,
+                             p->compile_failures};
+    for (int i = 0; i < 4 && rc == 0; i++) {
+        /* a counter past INT64_MAX between two flushes cannot happen */
+        rc = kw__cache_stat_add(c, txn, names[i], (int64_t)add[i]);
+    }
+    return rc;
+}
+
+/* Empties p, keeping its slot array. */
+static void clear(kw__cache_pending *p)
+{
+    memset(p->slots, 0, KW__CACHE_PENDING_CAP * sizeof *p->slots);
+    p->n = 0;
+    p->hits = p->misses = p->compiles = p->compile_failures = 0;
+}
+
+/* Puts what a failed flush took (c->spare) back into c->pend. */
+static void merge_back(kw_cache *c)
+{
+    kw__cache_pending *s = &c->spare;
+    pthread_mutex_lock(&c->pend_mu);
+    for (size_t i = 0; i < KW__CACHE_PENDING_CAP; i++) {
+        if (s->slots[i].used)
+            add_hit_locked(&c->pend, s->slots[i].digest, s->slots[i].hits,
+                           s->slots[i].tick);
+    }
+    c->pend.hits += s->hits;
+    c->pend.misses += s->misses;
+    c->pend.compiles += s->compiles;
+    c->pend.compile_failures += s->compile_failures;
+    pthread_mutex_unlock(&c->pend_mu);
+}
+
+/* The flush proper.  Caller holds flush_mu, so c->spare is empty and ours. */
+static int flush_locked(kw_cache *c)
+{
+    pthread_mutex_lock(&c->pend_mu);
+    kw__cache_pending taken = c->pend;
+    c->pend = c->spare;
+    c->spare = taken;
+    pthread_mutex_unlock(&c->pend_mu);
+    kw__cache_pending *p = &c->spare;
+    if (p->n == 0 && !p->hits && !p->misses && !p->compiles &&
+        !p->compile_failures)
+        return 0;
+    int rc = kw__cache_write(c, flush_fn, NULL, 0);
+    if (rc < 0)
+        merge_back(c);
+    clear(p);
+    return rc == KW_ENOSPC ? KW_ECACHE : rc;
+}
+
+int kw_cache_flush(kw_cache *c)
+{
+    if (!c)
+        return KW_EINVAL;
+    if (c->read_only)
+        return 0;
+    pthread_mutex_lock(&c->flush_mu);
+    int rc = flush_locked(c);
+    pthread_mutex_unlock(&c->flush_mu);
+    return rc;
+}

@@ -1,0 +1,183 @@
+/* internal.h: what cache/'s own files share (kw__cache_*).  Not API:
+ * nothing outside cache/ includes this header.
+ *
+ * Files: cache.c (open, close, errors, stats), record.c (the on-disk
+ * records and the entry/eviction primitives inside a write transaction),
+ * write.c (put, remove, pin and the MDB_MAP_FULL retry loop), read.c (get,
+ * contains, foreach, removal of corrupt entries), flush.c (hits recorded in
+ * memory and their flush).
+ *
+ * On-disk layout: one LMDB environment, four named databases.
+ *   "meta"  digest (32 bytes) -> metadata record (record.c, versioned,
+ *           XXH3-64 of itself; holds the XXH3-128 of the blob)
+ *   "blob"  digest -> cubin bytes
+ *   "lru"   u64 big-endian tick || digest -> empty.  Only unpinned entries
+ *           are here, oldest first, so eviction deletes from the front.
+ *   "stats" counter name -> u64 little-endian ("bytes", "hits", ...)
+ * A tick is CLOCK_REALTIME in nanoseconds, made strictly increasing per
+ * handle; the metadata keeps the entry's tick, so its "lru" key can be found.
+ */
+#ifndef KW_CACHE_INTERNAL_H
+#define KW_CACHE_INTERNAL_H
+
+#include <lmdb.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kw_cache.h"
+
+/* Returned by internal helpers when LMDB reported MDB_MAP_FULL; the write
+ * loop turns it into eviction and a retry, or into KW_ECACHE.  Never
+ * returned through kw_cache.h. */
+#define KW__CACHE_EMAPFULL (-1999)
+
+#define KW__CACHE_FORMAT 1         /* "format" in "stats"; record version */
+#define KW__CACHE_PENDING_MAX 4096 /* digests waiting before get flushes */
+#define KW__CACHE_PENDING_CAP 8192 /* table slots: a power of two, 2 x MAX */
+#define KW__CACHE_LRU_KEY 40       /* 8-byte tick + digest */
+
+/* One digest's hits since the last flush. */
+typedef struct kw__cache_hit {
+    uint8_t digest[KW_CACHE_DIGEST_LEN];
+    uint64_t tick; /* of the latest hit */
+    uint32_t hits;
+    bool used;
+} kw__cache_hit;
+
+/* Hits and counters not yet written: an open-addressing table of
+ * KW__CACHE_PENDING_CAP slots (NULL on a read-only handle). */
+typedef struct kw__cache_pending {
+    kw__cache_hit *slots;
+    size_t n; /* used slots */
+    uint64_t hits, misses, compiles, compile_failures;
+} kw__cache_pending;
+
+struct kw_cache {
+    MDB_env *env;
+    MDB_dbi meta, blob, lru, stats; /* valid for the env's lifetime */
+    uint64_t max_size;              /* cubin bytes; 0 on a read-only handle */
+    uint64_t psize;       /* LMDB page size */
+    uint64_t page_budget; /* pages the B-trees may hold (write.c) */
+    bool read_only;
+    _Atomic uint64_t last_tick; /* the last tick handed out */
+
+    /* flush_mu serializes flushes and guards `spare`, the table a flush is
+     * writing while gets record into `pend`.  Taken before pend_mu. */
+    pthread_mutex_t flush_mu;
+    kw__cache_pending spare;
+    /* pend_mu guards `pend`: the table hits are recorded into and the
+     * counters not yet flushed.  Never held across an LMDB call. */
+    pthread_mutex_t pend_mu;
+    kw__cache_pending pend;
+};
+
+#define KW__CACHE_ERRLEN 192 /* kw_cache_last_error() text, NUL included */
+
+/* The decoded "meta" record. */
+typedef struct kw__cache_meta {
+    kw_cache_info info; /* with size, pinned, hits; times in seconds */
+    uint8_t sum[16];    /* XXH3-128 of the blob, canonical (big-endian) */
+    uint64_t created_ns, tick; /* tick: last use, and the "lru" key */
+} kw__cache_meta;
+
+/* --- cache.c --- */
+
+/* Translates an LMDB return code at the module boundary: 0 stays 0,
+ * MDB_NOTFOUND becomes KW_ENOTFOUND, MDB_MAP_FULL KW__CACHE_EMAPFULL,
+ * ENOMEM KW_ENOMEM, anything else KW_ECACHE.  Failures other than
+ * MDB_NOTFOUND are recorded as "op: mdb_strerror(rc)" for
+ * kw_cache_last_error(). */
+int kw__cache_mdb(kw_cache *c, const char *op, int rc);
+
+/* Records a failure text of our own for kw_cache_last_error() in the
+ * calling thread ("put: 300 bytes do not fit: ... are pinned"). */
+void kw__cache_set_error(kw_cache *c, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* A fresh tick: CLOCK_REALTIME ns, above every tick handed out before. */
+uint64_t kw__cache_tick(kw_cache *c);
+
+/* Begins a read transaction.  0 or a translated code. */
+int kw__cache_read_begin(kw_cache *c, MDB_txn **txn);
+
+/* --- record.c --- */
+
+/* Largest encoded "meta" record. */
+#define KW__CACHE_META_MAX                                                 \
+    (60 + 8 * KW_CACHE_MAX_FIELDS + 4 + 48 + 16 + 256 + 16 + 8)
+
+/* Encodes m into buf (KW__CACHE_META_MAX bytes) and returns its length.
+ * m->info must have passed kw__cache_info_ok(). */
+size_t kw__cache_meta_encode(const kw__cache_meta *m, uint8_t *buf);
+
+/* Decodes a record; false when its length, version, bounds or checksum are
+ * wrong (the record is then corrupt). */
+bool kw__cache_meta_decode(const void *buf, size_t len, kw__cache_meta *m);
+
+/* True when info's strings are NUL-terminated inside their arrays and
+ * nfields fits. */
+bool kw__cache_info_ok(const kw_cache_info *info);
+
+/* Builds the "lru" key of (tick, digest) in key (KW__CACHE_LRU_KEY). */
+void kw__cache_lru_key(uint64_t tick, const uint8_t *digest, uint8_t *key);
+
+/* Reads counter name from "stats" (0 when absent). */
+int kw__cache_stat_get(kw_cache *c, MDB_txn *txn, const char *name,
+                       uint64_t *v);
+
+/* Adds delta to counter name (saturating at 0 and at UINT64_MAX). */
+int kw__cache_stat_add(kw_cache *c, MDB_txn *txn, const char *name,
+                       int64_t delta);
+
+/* Reads and decodes digest's metadata.  KW_ENOTFOUND when absent,
+ * KW_ECORRUPT when the record does not decode. */
+int kw__cache_meta_get(kw_cache *c, MDB_txn *txn, const uint8_t *digest,
+                       kw__cache_meta *m);
+
+/* Writes m as digest's metadata. */
+int kw__cache_meta_put(kw_cache *c, MDB_txn *txn, const uint8_t *digest,
+                       const kw__cache_meta *m);
+
+/* Deletes digest's blob, metadata and (when m says unpinned) "lru" key in
+ * txn, and takes the blob's size off "bytes".  m is
+ * NULL when the metadata did not decode: a stale "lru" key may then be
+ * left, which eviction skips.  *freed (may be NULL) gets the blob's size. */
+int kw__cache_drop_txn(kw_cache *c, MDB_txn *txn, const uint8_t *digest,
+                       const kw__cache_meta *m, uint64_t *freed);
+
+/* Evicts from the oldest end of "lru" until at least `count` entries and
+ * `bytes` cubin bytes are gone, or no unpinned entry is left; adds them to
+ * "evictions".  *evicted (may be NULL) gets the number evicted. */
+int kw__cache_evict_txn(kw_cache *c, MDB_txn *txn, uint64_t count,
+                        uint64_t bytes, uint64_t *evicted);
+
+/* --- write.c --- */
+
+/* One step of a write transaction: 0 to commit, or a code to abort with. */
+typedef int (*kw__cache_txn_fn)(kw_cache *c, MDB_txn *txn, void *arg);
+
+/* Runs fn in a write transaction and commits it.  On MDB_MAP_FULL (in fn
+ * or at commit) it aborts, evicts a batch of LRU entries (at least `need`
+ * bytes) in a transaction of its own and runs fn again, a bounded number
+ * of times.  Returns fn's code, KW_ENOSPC when nothing is left to evict,
+ * or a translated LMDB code. */
+int kw__cache_write(kw_cache *c, kw__cache_txn_fn fn, void *arg,
+                    uint64_t need);
+
+/* --- flush.c --- */
+
+/* Allocates the pending tables of a writable handle.  0 or KW_ENOMEM. */
+int kw__cache_pending_init(kw_cache *c);
+
+/* Frees them (NULL-safe on a handle whose init failed). */
+void kw__cache_pending_destroy(kw_cache *c);
+
+/* Records a hit on digest (or a miss) for the next flush.  A hit may flush
+ * when the table is past KW__CACHE_PENDING_MAX. */
+void kw__cache_record_hit(kw_cache *c, const uint8_t *digest);
+void kw__cache_record_miss(kw_cache *c);
+
+#endif /* KW_CACHE_INTERNAL_H */

@@ -1,0 +1,198 @@
+/* read.c: get, contains and foreach, in read transactions (kw_cache.h).
+ *
+ * A get copies the blob out of the map, ends its transaction, and only then
+ * hashes the copy: what is verified is exactly what the caller receives,
+ * and the reader slot is held for one memcpy.  A checksum failure removes
+ * the entry in a write transaction that checks it again first, so an entry
+ * another process has meanwhile replaced with a good one is left alone.
+ */
+#include "kw_cache.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "internal.h"
+#include "kw_err.h"
+
+/* True when len bytes at data hash to sum (canonical XXH3-128). */
+static bool sum_ok(const uint8_t sum[16], const void *data, size_t len)
+{
+    XXH128_canonical_t got;
+    XXH128_canonicalFromHash(&got, XXH3_128bits(data, len));
+    return memcmp(got.digest, sum, 16) == 0;
+}
+
+/* Removes digest's entry if it is still corrupt: metadata that does not
+ * decode, a missing blob, or a blob whose size or checksum is wrong. */
+static int purge_fn(kw_cache *c, MDB_txn *txn, void *arg)
+{
+    const uint8_t *digest = arg;
+    kw__cache_meta m;
+    int rc = kw__cache_meta_get(c, txn, digest, &m);
+    if (rc == KW_ENOTFOUND)
+        return 0; /* someone else removed it */
+    if (rc == 0) {
+        MDB_val k = {KW_CACHE_DIGEST_LEN, (void *)digest}, d;
+        rc = kw__cache_mdb(c, "mdb_get(blob)",
+                           mdb_get(txn, c->blob, &k, &d));
+        if (rc < 0 && rc != KW_ENOTFOUND)
+            return rc;
+        if (rc == 0 && d.mv_size == m.info.size &&
+            sum_ok(m.sum, d.mv_data, d.mv_size))
+            return 0; /* replaced by a good copy meanwhile */
+    }
+    rc = kw__cache_drop_txn(c, txn, digest, rc == KW_ECORRUPT ? NULL : &m,
+                            NULL);
+    if (rc == 0)
+        rc = kw__cache_stat_add(c, txn, "corrupt", 1);
+    return rc;
+}
+
+/* Reports a corrupt entry: removes it (a writable handle) and returns
+ * KW_ECORRUPT, or the failure of the removal. */
+static int corrupt(kw_cache *c, const uint8_t *digest)
+{
+    kw__cache_set_error(c, "get: entry failed its integrity check");
+    if (c->read_only)
+        return KW_ECORRUPT;
+    int rc = kw__cache_write(c, purge_fn, (void *)digest, 0);
+    return rc < 0 ? rc : KW_ECORRUPT;
+}
+
+/* Where a fetch puts the blob: into buf (cap bytes), or, when buf is NULL,
+ * into a new allocation stored in *out. */
+typedef struct fetch_dst {
+    void *buf;
+    size_t cap;
+    void **out;
+} fetch_dst;
+
+/* The read-transaction part of a get.  Returns 0 with the copy in dst and
+ * the metadata in *m; KW_ENOTFOUND; KW_ECORRUPT; KW_ENOSPC (*len is the
+ * size needed); KW_ENOMEM; KW_ECACHE. */
+static int fetch_txn(kw_cache *c, MDB_txn *txn, const uint8_t *digest,
+                     const fetch_dst *dst, size_t *len, kw__cache_meta *m)
+{
+    int rc = kw__cache_meta_get(c, txn, digest, m);
+    if (rc < 0)
+        return rc;
+    MDB_val k = {KW_CACHE_DIGEST_LEN, (void *)digest}, d;
+    rc = kw__cache_mdb(c, "mdb_get(blob)", mdb_get(txn, c->blob, &k, &d));
+    if (rc == KW_ENOTFOUND || (rc == 0 && d.mv_size != m->info.size))
+        return KW_ECORRUPT; /* metadata without its blob, or a torn size */
+    if (rc < 0)
+        return rc;
+    *len = d.mv_size;
+    void *to = dst->buf;
+    if (!to && !(to = malloc(d.mv_size)))
+        return KW_ENOMEM;
+    if (dst->buf && d.mv_size > dst->cap)
+        return KW_ENOSPC;
+    memcpy(to, d.mv_data, d.mv_size); /* d dies with the transaction */
+    if (!dst->buf)
+        *dst->out = to;
+    return 0;
+}
+
+/* kw_cache_get and kw_cache_get_into: fetch, verify, record. */
+static int get(kw_cache *c, const uint8_t *digest, const fetch_dst *dst,
+               size_t *len, kw_cache_info *info)
+{
+    MDB_txn *txn;
+    kw__cache_meta m;
+    int rc = kw__cache_read_begin(c, &txn);
+    if (rc < 0)
+        return rc;
+    rc = fetch_txn(c, txn, digest, dst, len, &m);
+    mdb_txn_abort(txn);
+    if (rc == 0 && !sum_ok(m.sum, dst->buf ? dst->buf : *dst->out, *len)) {
+        if (!dst->buf) {
+            free(*dst->out);
+            *dst->out = NULL;
+        }
+        rc = KW_ECORRUPT;
+    }
+    if (rc == KW_ECORRUPT)
+        return corrupt(c, digest);
+    if (rc == KW_ENOTFOUND)
+        kw__cache_record_miss(c);
+    if (rc < 0)
+        return rc;
+    kw__cache_record_hit(c, digest);
+    if (info)
+        *info = m.info;
+    return 0;
+}
+
+int kw_cache_get(kw_cache *c, const uint8_t digest[KW_CACHE_DIGEST_LEN],
+                 void **blob, size_t *len, kw_cache_info *info)
+{
+    if (blob)
+        *blob = NULL;
+    if (!c || !digest || !blob || !len)
+        return KW_EINVAL;
+    fetch_dst dst = {NULL, 0, blob};
+    return get(c, digest, &dst, len, info);
+}
+
+int kw_cache_get_into(kw_cache *c, const uint8_t digest[KW_CACHE_DIGEST_LEN],
+                      void *buf, size_t cap, size_t *len, kw_cache_info *info)
+{
+    if (!c || !digest || !buf || !len)
+        return KW_EINVAL;
+    fetch_dst dst = {buf, cap, NULL};
+    return get(c, digest, &dst, len, info);
+}
+
+bool kw_cache_contains(kw_cache *c, const uint8_t digest[KW_CACHE_DIGEST_LEN])
+{
+    MDB_txn *txn;
+    if (!c || !digest || kw__cache_read_begin(c, &txn) < 0)
+        return false;
+    MDB_val k = {KW_CACHE_DIGEST_LEN, (void *)digest}, d;
+    int rc = kw__cache_mdb(c, "mdb_get(meta)", mdb_get(txn, c->meta, &k, &d));
+    mdb_txn_abort(txn);
+    return rc == 0;
+}
+
+/* Walks "meta" with cur, calling fn for each entry that decodes. */
+static int each(kw_cache *c, MDB_cursor *cur, kw_cache_each_fn fn, void *arg)
+{
+    MDB_val k, d;
+    MDB_cursor_op op = MDB_FIRST;
+    int rc;
+    while ((rc = mdb_cursor_get(cur, &k, &d, op)) == 0) {
+        op = MDB_NEXT;
+        kw__cache_meta m;
+        if (k.mv_size != KW_CACHE_DIGEST_LEN ||
+            !kw__cache_meta_decode(d.mv_data, d.mv_size, &m))
+            continue;
+        uint8_t digest[KW_CACHE_DIGEST_LEN];
+        memcpy(digest, k.mv_data, sizeof digest);
+        int stop = fn(digest, &m.info, arg);
+        if (stop)
+            return stop;
+    }
+    rc = kw__cache_mdb(c, "mdb_cursor_get(meta)", rc);
+    return rc == KW_ENOTFOUND ? 0 : rc;
+}
+
+int kw_cache_foreach(kw_cache *c, kw_cache_each_fn fn, void *arg)
+{
+    if (!c || !fn)
+        return KW_EINVAL;
+    MDB_txn *txn;
+    MDB_cursor *cur;
+    int rc = kw__cache_read_begin(c, &txn);
+    if (rc < 0)
+        return rc;
+    rc = kw__cache_mdb(c, "mdb_cursor_open(meta)",
+                       mdb_cursor_open(txn, c->meta, &cur));
+    if (rc == 0) {
+        rc = each(c, cur, fn, arg);
+        mdb_cursor_close(cur);
+    }
+    mdb_txn_abort(txn);
+    return rc;
+}

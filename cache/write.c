@@ -1,0 +1,258 @@
+/* write.c: put, remove and pin, and the write loop they share, which turns
+ * MDB_MAP_FULL into eviction and a retry (kw_cache.h, internal.h).
+ *
+ * Each operation is one write transaction, so a crash (SIGKILL included)
+ * leaves an entry's blob, metadata, "lru" key and byte count all written or
+ * none.  LMDB serializes write transactions across threads and processes,
+ * which is what makes "stored once" hold when two writers race.
+ */
+#include "kw_cache.h"
+
+#include <string.h>
+#include <xxhash.h>
+
+#include "internal.h"
+#include "kw_err.h"
+
+/* MDB_MAP_FULL retries per operation.  Eviction batches double from
+ * MAPFULL_BATCH entries, so the last round may evict 16 << 7 = 2048. */
+#define MAPFULL_TRIES 8
+#define MAPFULL_BATCH 16
+
+/* Runs fn once in a write transaction: commit on 0, abort otherwise. */
+static int write_once(kw_cache *c, kw__cache_txn_fn fn, void *arg)
+{
+    MDB_txn *txn;
+    int rc = kw__cache_mdb(c, "mdb_txn_begin",
+                           mdb_txn_begin(c->env, NULL, 0, &txn));
+    if (rc < 0)
+        return rc;
+    if ((rc = fn(c, txn, arg)) < 0) {
+        mdb_txn_abort(txn);
+        return rc;
+    }
+    return kw__cache_mdb(c, "mdb_txn_commit", mdb_txn_commit(txn));
+}
+
+/* Arguments of one eviction round. */
+typedef struct evict_req {
+    uint64_t count, bytes, evicted;
+} evict_req;
+
+static int evict_fn(kw_cache *c, MDB_txn *txn, void *arg)
+{
+    evict_req *r = arg;
+    int rc = kw__cache_evict_txn(c, txn, r->count, r->bytes, &r->evicted);
+    if (rc == 0 && r->evicted == 0) {
+        kw__cache_set_error(c, "MDB_MAP_FULL and no unpinned entry to evict");
+        return KW_ENOSPC;
+    }
+    return rc;
+}
+
+int kw__cache_write(kw_cache *c, kw__cache_txn_fn fn, void *arg,
+                    uint64_t need)
+{
+    for (int round = 0;; round++) {
+        int rc = write_once(c, fn, arg);
+        if (rc != KW__CACHE_EMAPFULL)
+            return rc;
+        if (round == MAPFULL_TRIES) {
+            kw__cache_set_error(c, "mdb_put: MDB_MAP_FULL after %d eviction"
+                                   " rounds", MAPFULL_TRIES);
+            return KW_ECACHE;
+        }
+        /* A dead process's reader slot pins old pages, so LMDB cannot
+         * reuse what eviction frees: clear such slots first.  Its failure
+         * is not ours to report; the eviction below runs either way. */
+        (void)mdb_reader_check(c->env, NULL);
+        /* Pages freed by a commit become reusable two commits later, so a
+         * retry may fail once more; the next, larger round then succeeds. */
+        evict_req r = {(uint64_t)MAPFULL_BATCH << round, need, 0};
+        rc = write_once(c, evict_fn, &r);
+        if (rc == KW__CACHE_EMAPFULL) /* even deleting found no page */
+            return KW_ECACHE;
+        if (rc < 0)
+            return rc;
+    }
+}
+
+/* One put, as its write transaction sees it. */
+typedef struct put_req {
+    const uint8_t *digest;
+    const void *blob;
+    size_t len;
+    kw__cache_meta m;
+    bool stored;
+} put_req;
+
+/* Makes room for len bytes under max_size, evicting from the LRU end.
+ * KW_ENOSPC when only pinned entries are left and it still does not fit;
+ * the caller then aborts, which undoes the evictions too. */
+static int make_room(kw_cache *c, MDB_txn *txn, uint64_t len)
+{
+    uint64_t bytes;
+    int rc = kw__cache_stat_get(c, txn, "bytes", &bytes);
+    if (rc < 0 || (bytes <= c->max_size && len <= c->max_size - bytes))
+        return rc;
+    rc = kw__cache_evict_txn(c, txn, 0, bytes + len - c->max_size, NULL);
+    if (rc == 0)
+        rc = kw__cache_stat_get(c, txn, "bytes", &bytes);
+    if (rc == 0 && (bytes > c->max_size || len > c->max_size - bytes)) {
+        kw__cache_set_error(c, "put: %llu bytes do not fit in %llu: the "
+                               "other %llu are pinned",
+                            (unsigned long long)len,
+                            (unsigned long long)c->max_size,
+                            (unsigned long long)bytes);
+        rc = KW_ENOSPC;
+    }
+    return rc;
+}
+
+/* Pages our four B-trees hold now in txn (LMDB's main tree, one page
+ * naming them, and its free list are part of the reserve). */
+static int live_pages(kw_cache *c, MDB_txn *txn, uint64_t *pages)
+{
+    const MDB_dbi dbis[4] = {c->meta, c->blob, c->lru, c->stats};
+    *pages = 0;
+    for (int i = 0; i < 4; i++) {
+        MDB_stat st;
+        int rc = kw__cache_mdb(c, "mdb_stat", mdb_stat(txn, dbis[i], &st));
+        if (rc < 0)
+            return rc;
+        *pages += st.ms_branch_pages + st.ms_leaf_pages + st.ms_overflow_pages;
+    }
+    return 0;
+}
+
+/* Keeps the B-trees inside c->page_budget with room for a blob of len
+ * bytes, evicting from the LRU end in batches.  The byte limit alone does
+ * not: many tiny entries fill the map with B-tree pages long before their
+ * cubins reach max_size.  Evicting before LMDB reports MDB_MAP_FULL matters,
+ * because a completely full map cannot even delete. */
+static int fit_map(kw_cache *c, MDB_txn *txn, uint64_t len)
+{
+    /* the blob's overflow pages, plus the pages a put copies on write */
+    uint64_t need = (len + c->psize - 1) / c->psize + 32;
+    for (;;) {
+        uint64_t live, evicted;
+        int rc = live_pages(c, txn, &live);
+        if (rc < 0 || live + need <= c->page_budget)
+            return rc;
+        if ((rc = kw__cache_evict_txn(c, txn, MAPFULL_BATCH, 0, &evicted)) < 0)
+            return rc;
+        if (evicted == 0) {
+            kw__cache_set_error(c, "put: map full of pinned entries");
+            return KW_ENOSPC;
+        }
+    }
+}
+
+static int put_fn(kw_cache *c, MDB_txn *txn, void *arg)
+{
+    put_req *r = arg;
+    MDB_val k = {KW_CACHE_DIGEST_LEN, (void *)r->digest}, d;
+    int rc = kw__cache_mdb(c, "mdb_get(meta)", mdb_get(txn, c->meta, &k, &d));
+    r->stored = false;
+    if (rc == 0) /* already there: leave it, as MDB_NOOVERWRITE would */
+        return 0;
+    if (rc != KW_ENOTFOUND || (rc = make_room(c, txn, r->len)) < 0 ||
+        (rc = fit_map(c, txn, r->len)) < 0)
+        return rc;
+    d = (MDB_val){r->len, (void *)r->blob};
+    rc = kw__cache_mdb(c, "mdb_put(blob)", mdb_put(txn, c->blob, &k, &d, 0));
+    if (rc == 0)
+        rc = kw__cache_meta_put(c, txn, r->digest, &r->m);
+    if (rc == 0 && !r->m.info.pinned) {
+        uint8_t key[KW__CACHE_LRU_KEY];
+        kw__cache_lru_key(r->m.tick, r->digest, key);
+        MDB_val lk = {sizeof key, key}, empty = {0, NULL};
+        rc = kw__cache_mdb(c, "mdb_put(lru)",
+                           mdb_put(txn, c->lru, &lk, &empty, 0));
+    }
+    if (rc == 0)
+        rc = kw__cache_stat_add(c, txn, "bytes", (int64_t)r->len);
+    r->stored = rc == 0;
+    return rc;
+}
+
+int kw_cache_put(kw_cache *c, const uint8_t digest[KW_CACHE_DIGEST_LEN],
+                 const kw_cache_info *info, const void *blob, size_t len,
+                 bool pin, bool *stored)
+{
+    if (stored)
+        *stored = false;
+    if (!c || !digest || !blob || c->read_only || len == 0 ||
+        len > KW_CACHE_MAX_BLOB || (info && !kw__cache_info_ok(info)))
+        return KW_EINVAL;
+    put_req r = {.digest = digest, .blob = blob, .len = len};
+    if (info)
+        r.m.info = *info;
+    r.m.info.size = len;
+    r.m.info.hits = 0;
+    r.m.info.pinned = pin;
+    r.m.tick = r.m.created_ns = kw__cache_tick(c);
+    /* hashed before the transaction: the write lock is held for LMDB only */
+    XXH128_canonical_t sum;
+    XXH128_canonicalFromHash(&sum, XXH3_128bits(blob, len));
+    memcpy(r.m.sum, sum.digest, sizeof r.m.sum);
+    int rc = kw__cache_write(c, put_fn, &r, len);
+    if (rc == 0 && stored)
+        *stored = r.stored;
+    return rc;
+}
+
+static int remove_fn(kw_cache *c, MDB_txn *txn, void *arg)
+{
+    const uint8_t *digest = arg;
+    kw__cache_meta m;
+    int rc = kw__cache_meta_get(c, txn, digest, &m);
+    if (rc == 0 || rc == KW_ECORRUPT)
+        rc = kw__cache_drop_txn(c, txn, digest, rc == 0 ? &m : NULL, NULL);
+    return rc;
+}
+
+int kw_cache_remove(kw_cache *c, const uint8_t digest[KW_CACHE_DIGEST_LEN])
+{
+    if (!c || !digest || c->read_only)
+        return KW_EINVAL;
+    return kw__cache_write(c, remove_fn, (void *)digest, 0);
+}
+
+typedef struct pin_req {
+    const uint8_t *digest;
+    bool pinned;
+} pin_req;
+
+/* Moves the entry out of "lru" (pin) or back in at its tick (unpin). */
+static int pin_fn(kw_cache *c, MDB_txn *txn, void *arg)
+{
+    pin_req *r = arg;
+    kw__cache_meta m;
+    int rc = kw__cache_meta_get(c, txn, r->digest, &m);
+    if (rc < 0 || m.info.pinned == r->pinned)
+        return rc == KW_ECORRUPT ? KW_ECACHE : rc;
+    uint8_t key[KW__CACHE_LRU_KEY];
+    kw__cache_lru_key(m.tick, r->digest, key);
+    MDB_val lk = {sizeof key, key}, empty = {0, NULL};
+    if (r->pinned) {
+        rc = kw__cache_mdb(c, "mdb_del(lru)", mdb_del(txn, c->lru, &lk, NULL));
+        rc = rc == KW_ENOTFOUND ? 0 : rc;
+    } else {
+        rc = kw__cache_mdb(c, "mdb_put(lru)",
+                           mdb_put(txn, c->lru, &lk, &empty, 0));
+    }
+    m.info.pinned = r->pinned;
+    if (rc == 0)
+        rc = kw__cache_meta_put(c, txn, r->digest, &m);
+    return rc;
+}
+
+int kw_cache_pin(kw_cache *c, const uint8_t digest[KW_CACHE_DIGEST_LEN],
+                 bool pinned)
+{
+    if (!c || !digest || c->read_only)
+        return KW_EINVAL;
+    pin_req r = {digest, pinned};
+    return kw__cache_write(c, pin_fn, &r, 0);
+}
