@@ -54,11 +54,21 @@ void kw__cli_err(const char *cmd, const char *fmt, ...)
 /* Most compile threads a command starts. */
 #define KW_CLI_MAX_JOBS 256
 
+/* Called on a worker thread right after key i compiled (rc[i] set). */
+typedef void (*kw__cli_done_fn)(size_t i, void *arg);
+
 /* Compiles keys[0..n) on `jobs` threads into res[i] / rc[i] (kw_keys_
- * compile's code), drawing a progress bar labelled label on stderr when it
- * is a terminal.  Every res[i] is the caller's to destroy.  Returns 0. */
+ * compile's code), calling done_fn (may be NULL) after each, and drawing a
+ * progress bar labelled label on stderr when it is a terminal.  Every res[i]
+ * is the caller's to destroy (destroying it in done_fn is fine).  Returns
+ * 0. */
 int kw__cli_compile_all(const kw_keys_key *keys, size_t n, unsigned jobs,
-                        kw_jit_result *res, int *rc, const char *label);
+                        kw_jit_result *res, int *rc, const char *label,
+                        kw__cli_done_fn done_fn, void *arg);
+
+/* Reads the value of --jobs at argv[*i] into *jobs (1..KW_CLI_MAX_JOBS).
+ * Prints the error and returns -1 when it is missing or bad. */
+int kw__cli_jobs(const char *cmd, int argc, char **argv, int *i, unsigned *jobs);
 
 /* The online processors, capped at KW_CLI_MAX_JOBS: the --jobs default. */
 unsigned kw__cli_default_jobs(void);
@@ -67,8 +77,16 @@ unsigned kw__cli_default_jobs(void);
  * code on failure, KW_CLI_OK on success. */
 int kw__cli_derive(kw__cli_model *a, const char *cmd, kw_keys_set *set);
 
+/* Prints cache statistics as "name value" lines, or one JSON object. */
+struct kw_cache_stats;
+void kw__cli_print_stats(const struct kw_cache_stats *st, const char *dir,
+                         bool json);
+
 /* The commands. */
 int kw__cli_keys(int argc, char **argv);
 int kw__cli_verify(int argc, char **argv);
+int kw__cli_prewarm(int argc, char **argv);
+int kw__cli_get(int argc, char **argv);
+int kw__cli_stats(int argc, char **argv);
 
 #endif /* KW_CLI_H */

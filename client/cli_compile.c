@@ -19,6 +19,8 @@ typedef struct pool {
     size_t n;
     kw_jit_result *res;
     int *rc;
+    kw__cli_done_fn done_fn; /* called on the worker after each compile */
+    void *arg;
     _Atomic size_t next; /* next key to take */
     pthread_mutex_t lock; /* guards done; cond signals each change */
     pthread_cond_t cond;
@@ -33,6 +35,8 @@ static void *worker(void *arg)
         if (i >= p->n)
             return NULL;
         p->rc[i] = kw_keys_compile(&p->keys[i], false, &p->res[i]);
+        if (p->done_fn != NULL)
+            p->done_fn(i, p->arg);
         pthread_mutex_lock(&p->lock);
         p->done++;
         pthread_cond_signal(&p->cond);
@@ -54,9 +58,11 @@ static void progress(const char *label, size_t done, size_t n, bool tty)
 }
 
 int kw__cli_compile_all(const kw_keys_key *keys, size_t n, unsigned jobs,
-                        kw_jit_result *res, int *rc, const char *label)
+                        kw_jit_result *res, int *rc, const char *label,
+                        kw__cli_done_fn done_fn, void *arg)
 {
-    pool p = {.keys = keys, .n = n, .res = res, .rc = rc,
+    pool p = {.keys = keys, .n = n, .res = res, .rc = rc, .done_fn = done_fn,
+              .arg = arg,
               .lock = PTHREAD_MUTEX_INITIALIZER,
               .cond = PTHREAD_COND_INITIALIZER};
     pthread_t tids[KW_CLI_MAX_JOBS];

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "kw_err.h"
+#include "kw_parse.h"
 
 const char kw__cli_deploy_help[] =
     "Model and deployment:\n"
@@ -146,4 +147,19 @@ int kw__cli_derive(kw__cli_model *a, const char *cmd, kw_keys_set *set)
         return rc == KW_EDEPLOY ? KW_CLI_USAGE : KW_CLI_RUNTIME;
     }
     return KW_CLI_OK;
+}
+
+int kw__cli_jobs(const char *cmd, int argc, char **argv, int *i, unsigned *jobs)
+{
+    const char *v = kw__cli_value(cmd, argc, argv, i);
+    uint64_t x;
+    if (v == NULL)
+        return -1;
+    if (kw_parse_u64(v, KW_CLI_MAX_JOBS, &x) < 0 || x == 0) {
+        kw__cli_err(cmd, "--jobs: '%.32s' is not an integer in [1, %d]", v,
+                    KW_CLI_MAX_JOBS);
+        return -1;
+    }
+    *jobs = (unsigned)x;
+    return 0;
 }

@@ -12,18 +12,21 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kw_cache.h"
 #include "kw_cuda.h"
 #include "kw_err.h"
 #include "kw_parse.h"
 
 static const char verify_usage[] =
     "usage: kwarm verify --model CONFIG.json [DEPLOYMENT] [--jobs N] [--seed S]\n"
+    "       kwarm verify --cache DIR [--seed S]\n"
     "\n"
     "On a GPU: compiles every key of the model and deployment, loads each\n"
     "cubin, runs it on random inputs of several shapes and compares every\n"
     "output element with the kernel's CPU reference. Prints a table per\n"
     "family; exits 1 on any mismatch, compile failure, or when no GPU is found.\n"
     "Keys for another architecture than the GPU's are counted as skipped.\n"
+    "With --cache, runs every entry of the cache directory instead.\n"
     "\n"
     "  --jobs N                   compile threads (default: the cores)\n"
     "  --seed S                   seed of the random inputs (default 1)\n"
@@ -41,6 +44,7 @@ typedef struct fam_stats {
 typedef struct verify_opts {
     unsigned jobs;
     uint64_t seed;
+    const char *cache; /* --cache: verify the cached entries instead */
 } verify_opts;
 
 /* The i-th shape run for a key: the edge preset, the medium preset, and a
@@ -96,12 +100,13 @@ static int run_case(kw_cuda *cu, const kw_k_dev *dev, const kw_keys_key *k,
     return rc;
 }
 
-/* Loads key k's cubin and runs its cases, counting into st. */
-static void run_key(kw_cuda *cu, const kw_keys_key *k, const kw_jit_result *r,
-                    uint64_t seed, fam_stats *st)
+/* Loads key k's cubin (len bytes, entry point entry) and runs its cases,
+ * counting into st. */
+static void run_key(kw_cuda *cu, const kw_keys_key *k, const void *cubin,
+                    size_t len, const char *entry, uint64_t seed, fam_stats *st)
 {
     kw_cuda_fn *fn = NULL;
-    int rc = kw_cuda_load(cu, r->cubin, r->cubin_len, r->lowered_name, &fn);
+    int rc = kw_cuda_load(cu, cubin, len, entry, &fn);
     if (rc < 0) {
         report_failure(k, 0, rc, NULL, kw_cuda_last_error(cu));
         st->cases += NCASES;
@@ -179,7 +184,7 @@ static int verify_keys(kw_cuda *cu, const kw_keys_set *set,
         else
             st[set->keys[i].family].skipped++;
     }
-    kw__cli_compile_all(run, n, o->jobs, res, rcs, "compile");
+    kw__cli_compile_all(run, n, o->jobs, res, rcs, "compile", NULL, NULL);
     /* Each family's compile times are packed one after another in secs. */
     for (int f = 0; f < KW_K_NFAMILIES; f++) {
         st[f].secs = secs;
@@ -194,7 +199,8 @@ static int verify_keys(kw_cuda *cu, const kw_keys_set *set,
                 continue;
             }
             secs[st[f].nsecs++] = res[i].seconds;
-            run_key(cu, &run[i], &res[i], o->seed, &st[f]);
+            run_key(cu, &run[i], res[i].cubin, res[i].cubin_len,
+                    res[i].lowered_name, o->seed, &st[f]);
         }
         secs += st[f].nsecs;
     }
@@ -225,28 +231,121 @@ static int parse(kw__cli_model *a, verify_opts *o, int argc, char **argv)
             printf("%s%s", verify_usage, kw__cli_deploy_help);
             return KW_CLI_OK;
         }
-        bool jobs = kw__cli_is(argv[i], "--jobs");
-        if (!jobs && !kw__cli_is(argv[i], "--seed")) {
+        if (kw__cli_is(argv[i], "--jobs")) {
+            if (kw__cli_jobs("verify", argc, argv, &i, &o->jobs) < 0)
+                return KW_CLI_USAGE;
+        } else if (kw__cli_is(argv[i], "--seed")) {
+            const char *v = kw__cli_value("verify", argc, argv, &i);
+            if (v == NULL || kw_parse_u64(v, UINT64_MAX, &o->seed) < 0) {
+                if (v != NULL)
+                    kw__cli_err("verify", "--seed: '%.32s' is not an integer "
+                                "in [0, 2^64-1]", v);
+                return KW_CLI_USAGE;
+            }
+        } else if (kw__cli_is(argv[i], "--cache")) {
+            if ((o->cache = kw__cli_value("verify", argc, argv, &i)) == NULL)
+                return KW_CLI_USAGE;
+        } else {
             kw__cli_err("verify", "%s: unknown argument (see kwarm verify "
                         "--help)", argv[i]);
             return KW_CLI_USAGE;
         }
-        const char *flag = jobs ? "--jobs" : "--seed";
-        const char *v = kw__cli_value("verify", argc, argv, &i);
-        uint64_t x;
-        if (v == NULL || kw_parse_u64(v, jobs ? KW_CLI_MAX_JOBS : UINT64_MAX, &x) < 0 ||
-            (jobs && x == 0)) {
-            if (v != NULL)
-                kw__cli_err("verify", "%s: '%.32s' is not an integer in [%d, "
-                            "%s]", flag, v, jobs, jobs ? "256" : "2^64-1");
-            return KW_CLI_USAGE;
-        }
-        if (jobs)
-            o->jobs = (unsigned)x;
-        else
-            o->seed = x;
     }
     return -1;
+}
+
+/* Collects the cache's entries (digest, metadata) for verify_cache(). */
+typedef struct entry_list {
+    kw_keys_key *keys;
+    char (*entry)[256];
+    size_t n, cap;
+} entry_list;
+
+static int collect(const uint8_t digest[KW_CACHE_DIGEST_LEN],
+                   const kw_cache_info *info, void *arg)
+{
+    entry_list *l = arg;
+    kw_k_family f;
+    if (kw_keys_family_from_name(info->family, &f) < 0 ||
+        info->nfields != kw_keys_nfields(f))
+        return 0; /* a family this build does not know: not ours to run */
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 64;
+        kw_keys_key *k = realloc(l->keys, cap * sizeof *k);
+        if (k != NULL)
+            l->keys = k;
+        char(*e)[256] = realloc(l->entry, cap * sizeof *e);
+        if (e != NULL)
+            l->entry = e;
+        if (k == NULL || e == NULL)
+            return KW_ENOMEM;
+        l->cap = cap;
+    }
+    kw_keys_key *k = &l->keys[l->n];
+    memset(k, 0, sizeof *k);
+    k->family = f;
+    memcpy(k->fields, info->fields, info->nfields * sizeof k->fields[0]);
+    memcpy(k->arch, info->arch, sizeof k->arch - 1); /* info's is NUL-ended */
+    memcpy(k->digest, digest, KW_KEYS_DIGEST_LEN);
+    memcpy(l->entry[l->n++], info->entry, sizeof l->entry[0]);
+    return 0;
+}
+
+/* Runs every entry of the cache at o->cache against its reference. */
+static int verify_cache(kw_cuda *cu, const verify_opts *o, int major,
+                        int minor)
+{
+    kw_cache_opts co = {.dir = o->cache, .read_only = true};
+    kw_cache *c = NULL;
+    entry_list l = {0};
+    fam_stats st[KW_K_NFAMILIES] = {{0}};
+    char err[512];
+    size_t run = 0;
+    if (kw_cache_open(&c, &co, err, sizeof err) < 0) {
+        kw__cli_err("verify", "%s", err);
+        return KW_CLI_USAGE;
+    }
+    int rc = kw_cache_foreach(c, collect, &l);
+    for (size_t i = 0; rc == 0 && i < l.n; i++) {
+        const kw_keys_key *k = &l.keys[i];
+        void *blob = NULL;
+        size_t len = 0;
+        st[k->family].keys++;
+        if (!arch_runs_on(k->arch, major, minor)) {
+            st[k->family].skipped++;
+            continue;
+        }
+        if (kw_cache_get(c, k->digest, &blob, &len, NULL) < 0) {
+            report_failure(k, 0, KW_ECORRUPT, NULL, kw_cache_last_error(c));
+            st[k->family].compile_failed++;
+            continue;
+        }
+        run_key(cu, k, blob, len, l.entry[i], o->seed, &st[k->family]);
+        free(blob);
+        run++;
+    }
+    size_t bad = rc == 0 ? print_table(st) : 1;
+    printf("verify: %zu cached entries run, %zu skipped, %zu failed\n", run,
+           l.n - run, bad);
+    free(l.keys);
+    free(l.entry);
+    kw_cache_close(c);
+    return bad == 0 ? KW_CLI_OK : KW_CLI_RUNTIME;
+}
+
+/* Opens the GPU and prints what it is; an exit code on failure. */
+static int open_gpu(kw_cuda **cu, int *major, int *minor)
+{
+    char err[512], name[128];
+    int sms = 0;
+    if (kw_cuda_open(cu, 0, err, sizeof err) < 0 ||
+        kw_cuda_device_info(*cu, name, sizeof name, major, minor, &sms) < 0) {
+        kw__cli_err("verify", "no usable GPU (verify runs kernels): %s",
+                    *cu ? kw_cuda_last_error(*cu) : err);
+        return KW_CLI_RUNTIME;
+    }
+    printf("device: %s (sm_%d%d, %d SMs)\n", name, *major, *minor, sms);
+    return KW_CLI_OK;
 }
 
 int kw__cli_verify(int argc, char **argv)
@@ -254,26 +353,29 @@ int kw__cli_verify(int argc, char **argv)
     kw__cli_model a;
     kw_keys_set set = {0};
     kw_cuda *cu = NULL;
-    verify_opts o = {kw__cli_default_jobs(), 1};
-    char err[512], name[128];
-    int major = 0, minor = 0, sms = 0;
+    verify_opts o = {kw__cli_default_jobs(), 1, NULL};
+    int major = 0, minor = 0;
     kw__cli_model_init(&a);
     int rc = parse(&a, &o, argc, argv);
     if (rc >= 0)
         goto out;
-    if ((rc = kw__cli_model_load(&a, "verify")) != KW_CLI_OK ||
-        (rc = kw__cli_derive(&a, "verify", &set)) != KW_CLI_OK)
-        goto out;
-    if (kw_cuda_open(&cu, 0, err, sizeof err) < 0 ||
-        kw_cuda_device_info(cu, name, sizeof name, &major, &minor, &sms) < 0) {
-        kw__cli_err("verify", "no usable GPU (verify runs kernels): %s",
-                    cu ? kw_cuda_last_error(cu) : err);
-        rc = KW_CLI_RUNTIME;
+    if (o.cache != NULL && a.model != NULL) {
+        kw__cli_err("verify", "--cache: give either --cache or --model");
+        rc = KW_CLI_USAGE;
         goto out;
     }
-    printf("device: %s (sm_%d%d, %d SMs); model %s, text config %s\n", name,
-           major, minor, sms, a.cfg.path, a.cfg.text_config);
-    rc = verify_keys(cu, &set, &o, major, minor);
+    if (o.cache == NULL &&
+        ((rc = kw__cli_model_load(&a, "verify")) != KW_CLI_OK ||
+         (rc = kw__cli_derive(&a, "verify", &set)) != KW_CLI_OK))
+        goto out;
+    if ((rc = open_gpu(&cu, &major, &minor)) != KW_CLI_OK)
+        goto out;
+    if (o.cache != NULL)
+        rc = verify_cache(cu, &o, major, minor);
+    else {
+        printf("model %s, text config %s\n", a.cfg.path, a.cfg.text_config);
+        rc = verify_keys(cu, &set, &o, major, minor);
+    }
 out:
     kw_cuda_close(cu);
     kw_keys_set_destroy(&set);

@@ -12,6 +12,9 @@ typedef struct command {
 
 static const command commands[] = {
     {"keys", kw__cli_keys, "print the compile keys of a model and deployment"},
+    {"prewarm", kw__cli_prewarm, "compile every missing key into a cache directory"},
+    {"get", kw__cli_get, "write one cached cubin to a file"},
+    {"stats", kw__cli_stats, "print a cache's statistics"},
     {"verify", kw__cli_verify, "run every key's kernel against its CPU reference (GPU)"},
 };
 #define NCOMMANDS (sizeof commands / sizeof commands[0])

@@ -17,4 +17,9 @@ int kw_parse_i64(const char *s, int64_t min, int64_t max, int64_t *out);
 /* Unsigned form of kw_parse_i64 with min 0 and the given max. */
 int kw_parse_u64(const char *s, uint64_t max, uint64_t *out);
 
+/* Parses a size: plain decimal bytes, or digits followed by one of K, M,
+ * G, T (powers of 1024, either case), e.g. "512M".  Returns 0, KW_EINVAL
+ * or -ERANGE (over 2^64 - 1); *out untouched on error. */
+int kw_parse_size(const char *s, uint64_t *out);
+
 #endif /* KW_PARSE_H */

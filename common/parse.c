@@ -2,7 +2,9 @@
 #include "kw_parse.h"
 
 #include <errno.h>
+#include <ctype.h>
 #include <stddef.h>
+#include <string.h>
 
 #include "kw_err.h"
 
@@ -46,5 +48,28 @@ int kw_parse_i64(const char *s, int64_t min, int64_t max, int64_t *out)
     if (v < min || v > max)
         return -ERANGE;
     *out = v;
+    return 0;
+}
+
+int kw_parse_size(const char *s, uint64_t *out)
+{
+    static const char units[] = "KMGT";
+    char digits[32];
+    size_t n = s != NULL ? strlen(s) : 0;
+    unsigned shift = 0;
+    if (n == 0 || n >= sizeof digits)
+        return KW_EINVAL;
+    const char *u = strchr(units, toupper((unsigned char)s[n - 1]));
+    if (u != NULL && *u != '\0') {
+        shift = 10 * (unsigned)(u - units + 1);
+        n--;
+    }
+    memcpy(digits, s, n);
+    digits[n] = '\0';
+    uint64_t v;
+    int rc = parse_digits(digits, UINT64_MAX >> shift, &v);
+    if (rc < 0)
+        return rc;
+    *out = v << shift;
     return 0;
 }
