@@ -1,8 +1,9 @@
 # kwarm: the two commands of the README.  CMake does the real build; this
 # file only sequences set-up, build, run and test.
 #
-#   make run    install missing Debian packages (as root), build, run the
-#               main job on the embedded default (DeepSeek-V3.2) and report
+#   make run    install missing Debian packages (as root), build, prewarm
+#               the embedded default (DeepSeek-V3.2) into a cache under the
+#               build tree and print the summary and the cache's stats
 #   make test   the same set-up, then every test, in a normal build and in
 #               an ASan/UBSan build
 
@@ -12,7 +13,9 @@ JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
 MODEL      ?= tests/fixtures/deepseek-v3.2-exp.json
 
-.PHONY: all deps build build-asan run test test-fast clean install
+PREFIX     ?= /usr/local
+
+.PHONY: all deps build build-asan run test clean install
 
 all: build
 
@@ -30,14 +33,21 @@ build-asan: deps
 	cmake --build $(ASAN_BUILD) -j$(JOBS)
 
 run: build
-	@echo "== kwarm keys --model $(MODEL)"
-	@$(BUILD)/kwarm keys --model $(MODEL)
+	@echo "== kwarm prewarm --model $(MODEL) --cache $(BUILD)/cache"
+	@$(BUILD)/kwarm prewarm --model $(MODEL) --cache $(BUILD)/cache
+	@echo "== kwarm stats --cache $(BUILD)/cache --json"
+	@$(BUILD)/kwarm stats --cache $(BUILD)/cache --json
 
 test: build build-asan
 	@echo "== tests ($(BUILD))"
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
 	@echo "== tests under ASan/UBSan ($(ASAN_BUILD))"
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j$(JOBS)
+
+install: deps
+	cmake -S . -B $(BUILD) -DKW_WERROR=ON -DCMAKE_INSTALL_PREFIX=$(PREFIX) $(CMAKE_FLAGS) >/dev/null
+	cmake --build $(BUILD) -j$(JOBS)
+	cmake --install $(BUILD)
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD)
