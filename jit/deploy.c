@@ -250,11 +250,24 @@ int kw_config_deploy_load(kw_config_deploy *d, const char *path, char *err,
         rc = kw__config_parse(path, buf, len, &root, err, errlen);
     if (rc == KW_EJSON || rc == -EFBIG || (rc < 0 && rc > -1000))
         rc = KW_EDEPLOY;
-    for (const cJSON *it = root ? root->child : NULL; rc == 0 && it; it = it->next)
-        rc = load_member(d, it, path, err, errlen);
     if (rc == 0)
-        snprintf(d->source, sizeof d->source, "%s", path);
+        rc = kw_config_deploy_from_json(d, root, path, err, errlen);
     cJSON_Delete(root);
     free(buf);
+    return rc;
+}
+
+int kw_config_deploy_from_json(kw_config_deploy *d, const cJSON *obj,
+                               const char *name, char *err, size_t errlen)
+{
+    int rc = 0;
+    if (!cJSON_IsObject(obj)) {
+        kw__config_errf(err, errlen, "%s: /: a deployment is a JSON object", name);
+        return KW_EDEPLOY;
+    }
+    for (const cJSON *it = obj->child; rc == 0 && it; it = it->next)
+        rc = load_member(d, it, name, err, errlen);
+    if (rc == 0)
+        snprintf(d->source, sizeof d->source, "%s", name);
     return rc;
 }

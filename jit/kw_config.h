@@ -125,6 +125,12 @@ int kw_config_deploy_set_flag(kw_config_deploy *d, kw_config_field f,
 int kw_config_deploy_load(kw_config_deploy *d, const char *path, char *err,
                           size_t errlen);
 
+/* As kw_config_deploy_load() on an already parsed JSON object (a daemon
+ * request's "deployment"); name stands for the file in messages. */
+struct cJSON;
+int kw_config_deploy_from_json(kw_config_deploy *d, const struct cJSON *obj,
+                               const char *name, char *err, size_t errlen);
+
 /* Applies the model-dependent defaults and cross-field rules of §2:
  * block_size, max_model_len, block_stride_rows, dcp_rank < dcp_world,
  * interleave divisibility.  Returns 0, or KW_EDEPLOY / KW_ECONFIG with a

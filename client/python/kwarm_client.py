@@ -1,0 +1,168 @@
+"""kwarm_client: talk to kwarmd from Python, standard library only.
+
+    from kwarm_client import Client
+    with Client() as c:                       # $KWARM_SOCKET, then defaults
+        c.warmup(json.load(open("config.json")), {"dcp_world": 2})
+        entry, cubin = c.get(digest="...")    # bytes for cuModuleLoadData
+
+Loading a cubin is optional and needs cupy: load_function(cubin, entry).
+
+The wire format (client/kw_proto.h): a 16-byte little-endian head
+(magic "KWRM", version 1, type, header_len, payload_len), a JSON header
+object, then an optional binary payload (only in RESULT replies).
+"""
+import json
+import os
+import socket
+import struct
+
+MAGIC = 0x4D52574B
+VERSION = 1
+PING, KEYS, WARMUP, GET, STATS, EVICT = 1, 2, 3, 4, 5, 6
+PONG, RESULT, PROGRESS, ERROR = 64, 65, 66, 67
+HEAD = struct.Struct("<IHHII")
+MAX_HEADER = 64 * 1024
+MAX_PAYLOAD = 64 * 1024 * 1024
+
+
+class KwarmError(Exception):
+    """kwarmd answered with an ERROR frame (code like "KW_ENOTFOUND")."""
+
+    def __init__(self, message, code=None):
+        super().__init__(message)
+        self.code = code
+
+
+def default_socket():
+    """--socket's fallbacks: $KWARM_SOCKET, then /run/kwarm/kwarm.sock for
+    root, else $XDG_RUNTIME_DIR/kwarm.sock."""
+    if os.environ.get("KWARM_SOCKET"):
+        return os.environ["KWARM_SOCKET"]
+    run = os.environ.get("XDG_RUNTIME_DIR")
+    if os.getuid() != 0 and run:
+        return os.path.join(run, "kwarm.sock")
+    return "/run/kwarm/kwarm.sock"
+
+
+class Client:
+    """A blocking connection to kwarmd; one request at a time."""
+
+    def __init__(self, path=None, timeout=None):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        self.sock.connect(path or default_socket())
+
+    def close(self):
+        self.sock.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _send(self, type_, header=None):
+        body = json.dumps(header, separators=(",", ":")).encode() if header else b""
+        if len(body) > MAX_HEADER:
+            raise ValueError("request header over %d bytes" % MAX_HEADER)
+        self.sock.sendall(HEAD.pack(MAGIC, VERSION, type_, len(body), 0) + body)
+
+    def _recv_exact(self, n):
+        buf = bytearray()
+        while len(buf) < n:
+            chunk = self.sock.recv(n - len(buf))
+            if not chunk:
+                raise ConnectionError("kwarmd closed the connection")
+            buf += chunk
+        return bytes(buf)
+
+    def _recv(self):
+        magic, version, type_, hlen, plen = HEAD.unpack(self._recv_exact(HEAD.size))
+        if magic != MAGIC or version != VERSION:
+            raise ConnectionError("not a kwarmd reply (bad magic or version)")
+        if hlen > MAX_HEADER or plen > MAX_PAYLOAD:
+            raise ConnectionError("reply exceeds protocol limits")
+        header = json.loads(self._recv_exact(hlen)) if hlen else {}
+        payload = self._recv_exact(plen) if plen else b""
+        if type_ == ERROR:
+            raise KwarmError(header.get("error", "error"), header.get("code"))
+        return type_, header, payload
+
+    def _call(self, type_, header=None):
+        self._send(type_, header)
+        return self._recv()
+
+    def ping(self):
+        """The daemon's version."""
+        return self._call(PING)[1].get("version")
+
+    @staticmethod
+    def _model(config, deployment, name, text_config):
+        req = {"config": config, "name": name}
+        if deployment:
+            req["deployment"] = deployment
+        if text_config is not None:
+            req["text_config"] = text_config
+        return req
+
+    def keys(self, config, deployment=None, name="config.json", text_config=None):
+        """The document of `kwarm keys --json` for a config dict."""
+        return self._call(KEYS, self._model(config, deployment, name, text_config))[1]
+
+    def warmup(self, config, deployment=None, progress=None, name="config.json",
+               text_config=None):
+        """Compiles what is missing; progress(dict) per key; the manifest."""
+        self._send(WARMUP, self._model(config, deployment, name, text_config))
+        while True:
+            type_, header, _ = self._recv()
+            if type_ == PROGRESS:
+                if progress:
+                    progress(header)
+                continue
+            return header
+
+    def get(self, digest=None, family=None, fields=None, arch="sm_90", compile=True):
+        """(header, cubin bytes) of a key, by digest or family/fields/arch."""
+        req = {"digest": digest} if digest else {"family": family, "fields": fields,
+                                                 "arch": arch}
+        if not compile:
+            req["compile"] = False
+        _, header, payload = self._call(GET, req)
+        return header, payload
+
+    def stats(self):
+        return self._call(STATS)[1]
+
+    def evict(self, digest):
+        return self._call(EVICT, {"digest": digest})[1].get("evicted", False)
+
+
+class Cuda:
+    """The CUDA driver through ctypes (no dependency): enough to turn a
+    cubin into a launchable CUfunction in this process's primary context."""
+
+    def __init__(self, device=0):
+        import ctypes
+        self.ct = ctypes
+        self.lib = ctypes.CDLL("libcuda.so.1")
+        self._check(self.lib.cuInit(0), "cuInit")
+        dev = ctypes.c_int()
+        self._check(self.lib.cuDeviceGet(ctypes.byref(dev), device), "cuDeviceGet")
+        self.ctx = ctypes.c_void_p()
+        self._check(self.lib.cuDevicePrimaryCtxRetain(ctypes.byref(self.ctx), dev),
+                    "cuDevicePrimaryCtxRetain")
+        self._check(self.lib.cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent")
+
+    def _check(self, rc, what):
+        if rc != 0:
+            raise RuntimeError("%s failed: CUDA error %d" % (what, rc))
+
+    def load(self, cubin, entry):
+        """(module, function) handles; the function is launchable."""
+        ct = self.ct
+        mod, fn = ct.c_void_p(), ct.c_void_p()
+        self._check(self.lib.cuModuleLoadData(ct.byref(mod), ct.c_char_p(cubin)),
+                    "cuModuleLoadData")
+        self._check(self.lib.cuModuleGetFunction(ct.byref(fn), mod, entry.encode()),
+                    "cuModuleGetFunction")
+        return mod, fn

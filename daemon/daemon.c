@@ -1,0 +1,149 @@
+/* daemon.c: kwarmd's life cycle: start, serve, stop on a signal. */
+#include "internal.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <systemd/sd-daemon.h>
+
+#include "kw_err.h"
+#include "log.h"
+
+void kw_daemon_opts_init(kw_daemon_opts *o)
+{
+    const char *run = getenv("XDG_RUNTIME_DIR"), *cache = getenv("XDG_CACHE_HOME");
+    const char *home = getenv("HOME");
+    memset(o, 0, sizeof *o);
+    if (getuid() == 0 || run == NULL)
+        snprintf(o->socket_path, sizeof o->socket_path, "/run/kwarm/kwarm.sock");
+    else
+        snprintf(o->socket_path, sizeof o->socket_path, "%s/kwarm.sock", run);
+    if (getuid() == 0)
+        snprintf(o->cache_dir, sizeof o->cache_dir, "/var/cache/kwarm");
+    else if (cache != NULL)
+        snprintf(o->cache_dir, sizeof o->cache_dir, "%s/kwarm", cache);
+    else
+        snprintf(o->cache_dir, sizeof o->cache_dir, "%s/.cache/kwarm",
+                 home ? home : "/tmp");
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    o->jobs = n > 0 ? (unsigned)n : 1;      /* compile threads: the cores */
+    o->max_size = KW_CACHE_DEFAULT_SIZE;    /* 1 GiB of cubins */
+    o->idle_timeout_ms = 60 * 1000;         /* silent clients go after 60 s */
+    o->socket_mode = 0660;                  /* owner and group */
+}
+
+/* Writes recorded cache hits off the loop thread (an LMDB write txn). */
+static void flush_work(uv_work_t *w)
+{
+    kw__daemon *d = w->data;
+    kw_cache_flush(d->cache);
+}
+
+static void flush_done(uv_work_t *w, int status)
+{
+    (void)status;
+    free(w);
+}
+
+static void on_flush_timer(uv_timer_t *t)
+{
+    kw__daemon *d = t->data;
+    uv_work_t *w = malloc(sizeof *w);
+    if (w == NULL)
+        return;
+    w->data = d;
+    if (uv_queue_work(&d->loop, w, flush_work, flush_done) < 0)
+        free(w);
+}
+
+static void on_compiler_stopped(void *arg)
+{
+    kw__daemon *d = arg;
+    d->compiler = NULL;
+}
+
+/* SIGTERM/SIGINT: stop accepting, cancel queued compiles, finish running
+ * ones, close every connection; the loop then ends by itself. */
+static void on_signal(uv_signal_t *s, int signum)
+{
+    kw__daemon *d = s->data;
+    if (d->stopping)
+        return;
+    d->stopping = true;
+    KW_LOG(KW_LOG_INFO, "signal %d: stopping", signum);
+    sd_notify(0, "STOPPING=1\nSTATUS=stopping");
+    uv_close((uv_handle_t *)&d->listener, NULL);
+    uv_close((uv_handle_t *)&d->sigterm, NULL);
+    uv_close((uv_handle_t *)&d->sigint, NULL);
+    uv_close((uv_handle_t *)&d->flush_timer, NULL);
+    if (d->compiler != NULL)
+        kw__compiler_stop(d->compiler, on_compiler_stopped, d);
+    while (d->conns != NULL)
+        kw__conn_close(d->conns);
+}
+
+/* Opens the cache and starts the compilers, listener, signals, timer. */
+static int start(kw__daemon *d, char *err, size_t errlen)
+{
+    const kw_daemon_opts *o = d->opts;
+    kw_cache_opts co = {.dir = o->cache_dir, .max_size = o->max_size};
+    int rc = kw_cache_open(&d->cache, &co, err, errlen);
+    if (rc == 0 && (rc = kw__compiler_start(&d->compiler, &d->loop, d->cache,
+                                            o->jobs)) < 0)
+        snprintf(err, errlen, "compile workers: %s", kw_strerror(rc));
+    if (rc == 0)
+        rc = kw__daemon_listen(d, err, errlen);
+    if (rc < 0)
+        return rc;
+    uv_signal_init(&d->loop, &d->sigterm);
+    uv_signal_init(&d->loop, &d->sigint);
+    uv_timer_init(&d->loop, &d->flush_timer);
+    d->sigterm.data = d->sigint.data = d->flush_timer.data = d;
+    uv_signal_start(&d->sigterm, on_signal, SIGTERM);
+    uv_signal_start(&d->sigint, on_signal, SIGINT);
+    uv_timer_start(&d->flush_timer, on_flush_timer, KW__FLUSH_MS, KW__FLUSH_MS);
+    return 0;
+}
+
+/* Releases what a failed start left open, running the loop to close it. */
+static void abort_start(kw__daemon *d)
+{
+    if (d->compiler != NULL)
+        kw__compiler_stop(d->compiler, on_compiler_stopped, d);
+    if (d->listener.type != UV_UNKNOWN_HANDLE)
+        uv_close((uv_handle_t *)&d->listener, NULL);
+    uv_run(&d->loop, UV_RUN_DEFAULT);
+}
+
+int kw_daemon_run(const kw_daemon_opts *o, char *err, size_t errlen)
+{
+    kw__daemon d = {.opts = o};
+    snprintf(d.version, sizeof d.version, "%s", KW_VERSION);
+    signal(SIGPIPE, SIG_IGN); /* a client gone mid-write is an EPIPE */
+    int rc = uv_loop_init(&d.loop);
+    if (rc < 0) {
+        snprintf(err, errlen, "uv_loop_init: %s", uv_strerror(rc));
+        return rc;
+    }
+    if ((rc = start(&d, err, errlen)) < 0) {
+        abort_start(&d);
+    } else {
+        KW_LOG(KW_LOG_INFO, "kwarmd %s: cache %s, %u compile threads", d.version,
+               o->cache_dir, o->jobs);
+        sd_notifyf(0, "READY=1\nSTATUS=serving %s", o->socket_path);
+        uv_run(&d.loop, UV_RUN_DEFAULT);
+        if (d.bound) /* ours to remove; systemd's socket is systemd's */
+            unlink(o->socket_path);
+    }
+    kw_cache_close(d.cache);
+    int crc = uv_loop_close(&d.loop);
+    if (rc == 0 && crc < 0) {
+        snprintf(err, errlen, "uv_loop_close: %s (a handle leaked)", uv_strerror(crc));
+        rc = crc;
+    }
+    return rc;
+}

@@ -1,0 +1,47 @@
+/* kw_daemon.h: kwarmd, the compile-cache daemon (prefix kw_daemon_).
+ *
+ * Serves the wire protocol of client/kw_proto.h on a Unix socket: ping,
+ * keys, warmup (streams progress, ends with a manifest), get (by digest or
+ * family + fields + arch, compiling on a miss unless told not to), stats
+ * and evict.  One libuv loop thread owns every connection; compiles run on
+ * dedicated workers with single-flight (daemon/compiler.h).
+ */
+#ifndef KW_DAEMON_H
+#define KW_DAEMON_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define KW_DAEMON_MAX_ALLOW 32 /* --allow-uid / --allow-gid entries */
+
+/* What kwarmd runs with: defaults from kw_daemon_opts_init(), then the
+ * --config file, then flags (daemon/main.c). */
+typedef struct kw_daemon_opts {
+    char socket_path[108];     /* sun_path's size; longer is refused */
+    char cache_dir[4096];
+    unsigned jobs;             /* compile threads; default: the cores */
+    uint64_t max_size;         /* cache size limit in bytes */
+    unsigned idle_timeout_ms;  /* a silent connection is closed after it */
+    uid_t allow_uid[KW_DAEMON_MAX_ALLOW];
+    size_t nallow_uid;         /* 0: the daemon's own uid and root */
+    gid_t allow_gid[KW_DAEMON_MAX_ALLOW];
+    size_t nallow_gid;
+    unsigned socket_mode;      /* 0660 */
+} kw_daemon_opts;
+
+/* Fills the defaults (socket /run/kwarm/kwarm.sock, or
+ * $XDG_RUNTIME_DIR/kwarm.sock for a non-root user; cache
+ * /var/cache/kwarm, or $XDG_CACHE_HOME/kwarm). */
+void kw_daemon_opts_init(kw_daemon_opts *o);
+
+/* Runs kwarmd until SIGTERM or SIGINT: takes the socket from systemd
+ * (sd_listen_fds) or binds it, opens the cache, starts the compilers,
+ * notifies systemd READY=1.  On a signal: stops accepting, cancels queued
+ * compiles and finishes running ones, closes connections and the cache.
+ * Returns 0 after a clean stop, or a negative code with a one-line
+ * reason in err (socket in use, cache unusable...). */
+int kw_daemon_run(const kw_daemon_opts *o, char *err, size_t errlen);
+
+#endif /* KW_DAEMON_H */

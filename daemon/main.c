@@ -1,0 +1,268 @@
+/* main.c: kwarmd's command line and --config file.
+ *
+ * Options come from one table (redis' createIntConfig manner): defaults
+ * from kw_daemon_opts_init(), then the --config file, then the flags, each
+ * checked by the same setter.  A bad option is fatal, printed with the
+ * file or flag at fault; exit 2 for bad input, 1 when serving fails.
+ */
+#include <errno.h>
+#include <grp.h>
+#include <pwd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "kw_cache.h"
+#include "kw_daemon.h"
+#include "kw_err.h"
+#include "kw_parse.h"
+
+static const char usage[] =
+    "usage: kwarmd [--socket PATH] [--cache DIR] [--jobs N] [--max-size SIZE]\n"
+    "              [--allow-uid UID]... [--allow-gid GID]... [--idle-timeout MS]\n"
+    "              [--socket-mode MODE]\n"
+    "              [--config FILE]\n"
+    "\n"
+    "The kwarm compile-cache daemon: serves compiled kernels to serving\n"
+    "processes over a Unix socket (or the one systemd passes), compiling\n"
+    "missing ones with NVRTC on --jobs threads into an LMDB cache.\n"
+    "\n"
+    "  --socket PATH       (/run/kwarm/kwarm.sock; $XDG_RUNTIME_DIR/kwarm.sock\n"
+    "                      for a non-root user); created mode 0660\n"
+    "  --cache DIR         LMDB cache on local disk (/var/cache/kwarm)\n"
+    "  --jobs N            compile threads (the cores)\n"
+    "  --max-size SIZE     cache size limit, bytes or K/M/G (1G)\n"
+    "  --allow-uid UID     a uid (number or name) allowed to connect; repeatable\n"
+    "  --allow-gid GID     a gid (number or name) allowed to connect; repeatable\n"
+    "                      (default: kwarmd's own uid and root)\n"
+    "  --idle-timeout MS   close connections silent this long (60000)\n"
+    "  --socket-mode MODE  octal mode of a socket kwarmd creates (0660); the\n"
+    "                      uid/gid allowlist is checked on every connection\n"
+    "  --config FILE       JSON object with these names, e.g. {\"jobs\": 4}\n"
+    "  --version, --help\n";
+
+typedef int (*setter)(kw_daemon_opts *o, const char *v);
+
+/* Copies v into a fixed buffer, refusing (never truncating) what does
+ * not fit. */
+static int set_str(char *dst, size_t cap, const char *v)
+{
+    if (v[0] == '\0' || strlen(v) >= cap)
+        return KW_EINVAL;
+    memcpy(dst, v, strlen(v) + 1);
+    return 0;
+}
+
+static int set_socket(kw_daemon_opts *o, const char *v)
+{
+    return set_str(o->socket_path, sizeof o->socket_path, v);
+}
+
+static int set_cache(kw_daemon_opts *o, const char *v)
+{
+    return set_str(o->cache_dir, sizeof o->cache_dir, v);
+}
+
+static int set_jobs(kw_daemon_opts *o, const char *v)
+{
+    uint64_t n;
+    int rc = kw_parse_u64(v, 256, &n);
+    if (rc == 0 && n == 0)
+        rc = KW_EINVAL;
+    if (rc == 0)
+        o->jobs = (unsigned)n;
+    return rc;
+}
+
+static int set_max_size(kw_daemon_opts *o, const char *v)
+{
+    uint64_t n;
+    int rc = kw_parse_size(v, &n);
+    if (rc == 0 && n < KW_CACHE_MIN_SIZE)
+        rc = KW_EINVAL;
+    if (rc == 0)
+        o->max_size = n;
+    return rc;
+}
+
+static int set_idle(kw_daemon_opts *o, const char *v)
+{
+    uint64_t n;
+    int rc = kw_parse_u64(v, 24ull * 3600 * 1000, &n);
+    if (rc == 0 && n < 100)
+        rc = KW_EINVAL;
+    if (rc == 0)
+        o->idle_timeout_ms = (unsigned)n;
+    return rc;
+}
+
+static int set_socket_mode(kw_daemon_opts *o, const char *v)
+{
+    char *end = NULL;
+    errno = 0;
+    unsigned long m = strtoul(v, &end, 8);
+    if (errno != 0 || end == v || *end != '\0' || m > 0777 || (m & 0600) != 0600)
+        return KW_EINVAL;
+    o->socket_mode = (unsigned)m;
+    return 0;
+}
+
+/* A uid or gid given as a number or a name. */
+static int parse_id(const char *v, bool group, uint64_t *id)
+{
+    if (kw_parse_u64(v, UINT32_MAX - 1, id) == 0)
+        return 0;
+    if (group) {
+        struct group *g = getgrnam(v);
+        *id = g ? g->gr_gid : 0;
+        return g ? 0 : KW_EINVAL;
+    }
+    struct passwd *p = getpwnam(v);
+    *id = p ? p->pw_uid : 0;
+    return p ? 0 : KW_EINVAL;
+}
+
+static int set_allow_uid(kw_daemon_opts *o, const char *v)
+{
+    uint64_t id;
+    if (o->nallow_uid == KW_DAEMON_MAX_ALLOW || parse_id(v, false, &id) < 0)
+        return KW_EINVAL;
+    o->allow_uid[o->nallow_uid++] = (uid_t)id;
+    return 0;
+}
+
+static int set_allow_gid(kw_daemon_opts *o, const char *v)
+{
+    uint64_t id;
+    if (o->nallow_gid == KW_DAEMON_MAX_ALLOW || parse_id(v, true, &id) < 0)
+        return KW_EINVAL;
+    o->allow_gid[o->nallow_gid++] = (gid_t)id;
+    return 0;
+}
+
+static const struct option_def {
+    const char *name; /* flag without "--"; the --config member name */
+    setter set;
+    const char *what; /* for messages */
+} options[] = {
+    {"socket", set_socket, "a path shorter than 108 bytes"},
+    {"cache", set_cache, "a directory path"},
+    {"jobs", set_jobs, "an integer in [1, 256]"},
+    {"max-size", set_max_size, "a size of at least 1M (bytes, or K/M/G)"},
+    {"allow-uid", set_allow_uid, "a uid or user name (at most 32)"},
+    {"allow-gid", set_allow_gid, "a gid or group name (at most 32)"},
+    {"idle-timeout", set_idle, "milliseconds in [100, 86400000]"},
+    {"socket-mode", set_socket_mode, "an octal mode like 0660 with 0600 set"},
+};
+#define NOPTIONS (sizeof options / sizeof options[0])
+
+static const struct option_def *find_option(const char *name)
+{
+    for (size_t i = 0; i < NOPTIONS; i++)
+        if (strcmp(options[i].name, name) == 0)
+            return &options[i];
+    return NULL;
+}
+
+/* Applies one value of a --config member (a string, a number, or an
+ * array of them for the repeatable options). */
+static int config_value(kw_daemon_opts *o, const struct option_def *def,
+                        const cJSON *v, const char *path)
+{
+    char num[32];
+    const char *text = NULL;
+    if (cJSON_IsString(v))
+        text = v->valuestring;
+    else if (cJSON_IsNumber(v) && v->valuedouble >= 0 &&
+             v->valuedouble < 1e15 && v->valuedouble == (double)(int64_t)v->valuedouble) {
+        snprintf(num, sizeof num, "%lld", (long long)v->valuedouble);
+        text = num;
+    }
+    if (text == NULL || def->set(o, text) < 0) {
+        fprintf(stderr, "kwarmd: %s: /%s: must be %s\n", path, def->name, def->what);
+        return KW_EINVAL;
+    }
+    return 0;
+}
+
+/* Reads --config FILE: a JSON object whose members are option names. */
+static int load_config(kw_daemon_opts *o, const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    char *buf = f ? malloc(1 << 20) : NULL;
+    size_t n = buf ? fread(buf, 1, (1 << 20) - 1, f) : 0;
+    if (f)
+        fclose(f);
+    if (buf == NULL) {
+        fprintf(stderr, "kwarmd: --config %s: %s\n", path, strerror(errno));
+        return KW_EINVAL;
+    }
+    buf[n] = '\0';
+    cJSON *root = cJSON_ParseWithLengthOpts(buf, n + 1, NULL, 1);
+    free(buf);
+    int rc = cJSON_IsObject(root) ? 0 : KW_EINVAL;
+    if (rc < 0)
+        fprintf(stderr, "kwarmd: --config %s: not a JSON object\n", path);
+    for (const cJSON *it = root ? root->child : NULL; rc == 0 && it; it = it->next) {
+        const struct option_def *def = find_option(it->string);
+        if (def == NULL) {
+            fprintf(stderr, "kwarmd: %s: /%s: unknown option\n", path, it->string);
+            rc = KW_EINVAL;
+        } else if (cJSON_IsArray(it)) {
+            for (const cJSON *e = it->child; rc == 0 && e; e = e->next)
+                rc = config_value(o, def, e, path);
+        } else
+            rc = config_value(o, def, it, path);
+    }
+    cJSON_Delete(root);
+    return rc;
+}
+
+/* Applies the flags; --config is read first wherever it stands, so flags
+ * override the file.  Returns 0, 1 (help/version printed), or -1. */
+static int parse_flags(kw_daemon_opts *o, int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--config") == 0 && i + 1 < argc &&
+            load_config(o, argv[++i]) < 0)
+            return -1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0 ||
+            strcmp(a, "--version") == 0) {
+            printf("%s", a[2] == 'v' ? "kwarmd " KW_VERSION "\n" : usage);
+            return 1;
+        }
+        const struct option_def *def = strncmp(a, "--", 2) == 0 ? find_option(a + 2) : NULL;
+        bool cfg = strcmp(a, "--config") == 0;
+        if ((def == NULL && !cfg) || i + 1 >= argc) {
+            fprintf(stderr, "kwarmd: %s: %s (see kwarmd --help)\n", a,
+                    def || cfg ? "missing value" : "unknown argument");
+            return -1;
+        }
+        i++;
+        if (!cfg && def->set(o, argv[i]) < 0) {
+            fprintf(stderr, "kwarmd: %s: '%.64s' is not %s\n", a, argv[i], def->what);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    kw_daemon_opts o;
+    char err[1024] = "";
+    kw_daemon_opts_init(&o);
+    int rc = parse_flags(&o, argc, argv);
+    if (rc != 0)
+        return rc > 0 ? 0 : 2;
+    rc = kw_daemon_run(&o, err, sizeof err);
+    if (rc < 0) {
+        fprintf(stderr, "<3>kwarmd: %s\n", err[0] ? err : kw_strerror(rc));
+        return 1;
+    }
+    return 0;
+}
