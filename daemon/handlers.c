@@ -160,7 +160,8 @@ static void warmup_result(struct kw__req *r)
     cJSON_Delete(h);
 }
 
-static void get_reply(kw__conn *c, const uint8_t *digest, bool compiled);
+static int get_reply(kw__conn *c, const uint8_t *digest, bool compiled,
+                     bool report_miss);
 
 /* Compile callback of one key of a warmup or get (loop thread). */
 static void on_compiled(int rc, const char *log, void *arg)
@@ -184,7 +185,7 @@ static void on_compiled(int rc, const char *log, void *arg)
         if (r->type == KW_PROTO_WARMUP)
             warmup_result(r);
         else if (rc == 0)
-            get_reply(c, r->set.keys[0].digest, true);
+            get_reply(c, r->set.keys[0].digest, true, true);
         else
             kw__conn_error(c, rc, log, false);
     }
@@ -271,8 +272,10 @@ static void handle_warmup(kw__conn *c, const cJSON *hdr)
 /* ---- get, stats, evict ------------------------------------------------ */
 
 /* Answers a get from the cache: RESULT {digest, family, arch, entry, size,
- * compiled} with the cubin as payload, or an ERROR (KW_ENOTFOUND...). */
-static void get_reply(kw__conn *c, const uint8_t *digest, bool compiled)
+ * compiled} with the cubin as payload, or an ERROR (KW_ENOTFOUND...; a
+ * miss is left unanswered when !report_miss).  Returns the get's code. */
+static int get_reply(kw__conn *c, const uint8_t *digest, bool compiled,
+                     bool report_miss)
 {
     void *blob = NULL;
     size_t len = 0;
@@ -280,8 +283,9 @@ static void get_reply(kw__conn *c, const uint8_t *digest, bool compiled)
     char hex[KW_KEYS_HEX_LEN];
     int rc = kw_cache_get(c->d->cache, digest, &blob, &len, &info);
     if (rc < 0) {
-        kw__conn_error(c, rc, NULL, false);
-        return;
+        if (report_miss || (rc != KW_ENOTFOUND && rc != KW_ECORRUPT))
+            kw__conn_error(c, rc, NULL, false);
+        return rc;
     }
     kw_keys_hex(digest, hex);
     cJSON *h = cJSON_CreateObject();
@@ -291,9 +295,9 @@ static void get_reply(kw__conn *c, const uint8_t *digest, bool compiled)
     cJSON_AddStringToObject(h, "entry", info.entry);
     cJSON_AddNumberToObject(h, "size", (double)len);
     cJSON_AddBoolToObject(h, "compiled", compiled);
-    kw__conn_send(c, KW_PROTO_RESULT, h, blob, len);
+    kw__conn_send_owned(c, KW_PROTO_RESULT, h, blob, len); /* takes blob */
     cJSON_Delete(h);
-    free(blob);
+    return 0;
 }
 
 /* Reads a get's key: {"digest": HEX} or {"family", "fields": {...},
@@ -348,11 +352,12 @@ static void handle_get(kw__conn *c, const cJSON *hdr)
         kw__conn_error(c, rc, err, false);
         return;
     }
-    if (kw_cache_contains(c->d->cache, k.digest) || !have_key ||
-        cJSON_IsFalse(comp)) {
-        get_reply(c, k.digest, false);
+    /* One lookup on the hit path; a miss (or a corrupt entry, which the
+     * cache removed) goes on to a compile when the key is whole. */
+    bool may_compile = have_key && !cJSON_IsFalse(comp);
+    rc = get_reply(c, k.digest, false, !may_compile);
+    if (rc == 0 || !may_compile || (rc != KW_ENOTFOUND && rc != KW_ECORRUPT))
         return;
-    }
     struct kw__req *r = req_new(c, KW_PROTO_GET, 1);
     kw_keys_key *one = r ? malloc(sizeof *one) : NULL;
     if (one == NULL) {

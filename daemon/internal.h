@@ -62,6 +62,11 @@ struct kw__conn {
 void kw__conn_send(kw__conn *c, uint16_t type, const cJSON *header,
                    const void *payload, size_t payload_len);
 
+/* Sends a frame whose payload (malloc'd) is handed over: written after the
+ * encoded header without a copy and freed once written. */
+void kw__conn_send_owned(kw__conn *c, uint16_t type, const cJSON *header,
+                         void *payload, size_t payload_len);
+
 /* Sends an ERROR frame {"error", "code"} for code and message. */
 void kw__conn_error(kw__conn *c, int code, const char *msg, bool close_after);
 

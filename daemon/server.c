@@ -25,7 +25,8 @@ typedef struct write_req {
     uv_write_t req;
     kw__conn *conn;
     bool close_after;
-    uint8_t *frame;
+    uint8_t *frame;   /* owned */
+    void *payload;    /* owned, sent after frame without a copy; or NULL */
 } write_req;
 
 static void on_handle_closed(uv_handle_t *h)
@@ -69,29 +70,56 @@ static void on_written(uv_write_t *req, int status)
         kw__conn_close(w->conn);
     kw__conn_unref(w->conn);
     free(w->frame);
+    free(w->payload);
     free(w);
 }
 
-/* Queues frame (owned) for writing to c. */
-static void send_frame(kw__conn *c, uint8_t *frame, size_t len, bool close_after)
+/* Queues frame and then payload (both owned; payload may be NULL) for
+ * writing to c in one writev. */
+static void send_bufs(kw__conn *c, uint8_t *frame, size_t len, void *payload,
+                      size_t plen, bool close_after)
 {
     write_req *w = calloc(1, sizeof *w);
     if (c->closing || w == NULL) {
         free(w);
         free(frame);
+        free(payload);
         return;
     }
     w->conn = c;
     w->frame = frame;
+    w->payload = payload;
     w->close_after = close_after;
-    uv_buf_t b = uv_buf_init((char *)frame, (unsigned)len);
+    uv_buf_t b[2] = {uv_buf_init((char *)frame, (unsigned)len),
+                     uv_buf_init(payload, (unsigned)plen)};
     c->refs++;
-    if (uv_write(&w->req, (uv_stream_t *)&c->pipe, &b, 1, on_written) < 0) {
+    if (uv_write(&w->req, (uv_stream_t *)&c->pipe, b, payload ? 2 : 1,
+                 on_written) < 0) {
         c->refs--;
         free(frame);
+        free(payload);
         free(w);
         kw__conn_close(c);
     }
+}
+
+static void send_frame(kw__conn *c, uint8_t *frame, size_t len, bool close_after)
+{
+    send_bufs(c, frame, len, NULL, 0, close_after);
+}
+
+void kw__conn_send_owned(kw__conn *c, uint16_t type, const cJSON *header,
+                         void *payload, size_t payload_len)
+{
+    uint8_t *frame = NULL;
+    size_t len = 0;
+    int rc = kw_proto_encode_prefix(type, header, payload_len, &frame, &len);
+    if (rc < 0) {
+        free(payload);
+        kw__conn_error(c, rc, "reply could not be encoded", false);
+        return;
+    }
+    send_bufs(c, frame, len, payload, payload_len, false);
 }
 
 void kw__conn_send(kw__conn *c, uint16_t type, const cJSON *header,

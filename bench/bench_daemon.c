@@ -1,0 +1,522 @@
+/* bench_daemon.c: get-hit latency and throughput over kwarmd's socket,
+ * beside two floors measured in the same run: the direct LMDB read
+ * (kw_cache_get_into) and a bare libuv echo server that answers each
+ * request with a frame of the same size over the same kind of socket.
+ *
+ * usage: bench_daemon --kwarmd PATH [--seconds S] [--json FILE]
+ *
+ * For cubins of about 4 KB, 50 KB and 200 KB (random bytes stored under
+ * random digests in a fresh cache that kwarmd then serves): p50/p99 of a
+ * persistent client's gets, and requests per second with 1, 8 and 64
+ * clients (one thread each, each with its own connection).
+ */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <uv.h>
+
+#include "kw_cache.h"
+#include "kw_err.h"
+#include "kw_proto.h"
+
+#define NBLOBS 32
+#define LAT_ITERS 20000
+
+static const size_t sizes[] = {4 * 1024, 50 * 1024, 200 * 1024};
+static const int client_counts[] = {1, 8, 64};
+
+static double now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e9 + ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static int unix_connect(const char *path)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof sa.sun_path)
+        return -1;
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static int write_all(int fd, const void *p, size_t n)
+{
+    for (size_t off = 0; off < n;) {
+        ssize_t w = send(fd, (const char *)p + off, n - off, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        off += (size_t)w;
+    }
+    return 0;
+}
+
+static int read_all(int fd, void *p, size_t n)
+{
+    for (size_t off = 0; off < n;) {
+        ssize_t r = recv(fd, (char *)p + off, n - off, 0);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return -1;
+        off += (size_t)r;
+    }
+    return 0;
+}
+
+/* One request/reply: sends req, reads one whole reply frame into buf
+ * (cap bytes) and returns its payload length, or -1. */
+static ssize_t round_trip(int fd, const uint8_t *req, size_t req_len,
+                          uint8_t *buf, size_t cap)
+{
+    uint16_t type;
+    uint32_t hl, pl;
+    if (write_all(fd, req, req_len) < 0 || read_all(fd, buf, 16) < 0 ||
+        kw_proto_peek(buf, 16, &type, &hl, &pl) < 0 || 16 + hl + pl > cap ||
+        read_all(fd, buf + 16, hl + pl) < 0 || type != KW_PROTO_RESULT)
+        return -1;
+    return (ssize_t)pl;
+}
+
+/* A GET request frame for digest (hex). */
+static uint8_t *get_request(const uint8_t *digest, size_t *len)
+{
+    char hex[65];
+    for (int i = 0; i < 32; i++)
+        snprintf(hex + 2 * i, 3, "%02x", digest[i]);
+    cJSON *h = cJSON_CreateObject();
+    cJSON_AddStringToObject(h, "digest", hex);
+    cJSON_AddFalseToObject(h, "compile");
+    uint8_t *out = NULL;
+    kw_proto_encode(KW_PROTO_GET, h, NULL, 0, &out, len);
+    cJSON_Delete(h);
+    return out;
+}
+
+/* ---- the bare echo floor: a libuv server answering every request frame
+ * with one prepared frame of the same size kwarmd would send ----------- */
+
+typedef struct echo {
+    uv_loop_t loop;
+    uv_pipe_t server;
+    uv_async_t stop;
+    const uint8_t *reply; /* shared, never freed while serving */
+    size_t reply_len;
+    char path[108];
+} echo;
+
+typedef struct echo_conn {
+    uv_pipe_t pipe;
+    echo *e;
+    uint8_t buf[KW_PROTO_MAX_REQUEST];
+    size_t len;
+} echo_conn;
+
+static void echo_free(uv_handle_t *h)
+{
+    free(h->data);
+}
+
+static void echo_alloc(uv_handle_t *h, size_t s, uv_buf_t *b)
+{
+    echo_conn *c = h->data;
+    (void)s;
+    *b = uv_buf_init((char *)c->buf + c->len, (unsigned)(sizeof c->buf - c->len));
+}
+
+static void echo_written(uv_write_t *w, int status)
+{
+    (void)status;
+    free(w);
+}
+
+static void echo_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b)
+{
+    echo_conn *c = s->data;
+    (void)b;
+    if (n < 0) {
+        uv_close((uv_handle_t *)s, echo_free);
+        return;
+    }
+    c->len += (size_t)n;
+    for (;;) {
+        kw_msg m;
+        size_t used;
+        if (kw_proto_parse_request(c->buf, c->len, &m, &used) != KW_PROTO_OK)
+            return;
+        kw_msg_destroy(&m);
+        memmove(c->buf, c->buf + used, c->len - used);
+        c->len -= used;
+        uv_write_t *w = malloc(sizeof *w);
+        uv_buf_t out = uv_buf_init((char *)c->e->reply, (unsigned)c->e->reply_len);
+        uv_write(w, s, &out, 1, echo_written);
+    }
+}
+
+static void echo_accept(uv_stream_t *srv, int status)
+{
+    echo *e = srv->data;
+    echo_conn *c = calloc(1, sizeof *c);
+    if (status < 0 || c == NULL) {
+        free(c);
+        return;
+    }
+    c->e = e;
+    uv_pipe_init(&e->loop, &c->pipe, 0);
+    c->pipe.data = c;
+    if (uv_accept(srv, (uv_stream_t *)&c->pipe) == 0)
+        uv_read_start((uv_stream_t *)&c->pipe, echo_alloc, echo_read);
+    else
+        uv_close((uv_handle_t *)&c->pipe, echo_free);
+}
+
+/* Closes every handle; connections free their state when closed. */
+static void echo_close_all(uv_handle_t *h, void *arg)
+{
+    echo *e = arg;
+    bool conn = h != (uv_handle_t *)&e->server && h != (uv_handle_t *)&e->stop;
+    if (!uv_is_closing(h))
+        uv_close(h, conn ? echo_free : NULL);
+}
+
+static void echo_on_stop(uv_async_t *a)
+{
+    echo *e = a->data;
+    uv_walk(&e->loop, echo_close_all, e);
+}
+
+static void *echo_thread(void *arg)
+{
+    echo *e = arg;
+    uv_run(&e->loop, UV_RUN_DEFAULT);
+    return NULL;
+}
+
+/* Starts the echo server at path answering with reply; NULL on failure. */
+static echo *echo_start(const char *path, const uint8_t *reply, size_t len,
+                        pthread_t *tid)
+{
+    echo *e = calloc(1, sizeof *e);
+    if (e == NULL || strlen(path) >= sizeof e->path) {
+        free(e);
+        return NULL;
+    }
+    memcpy(e->path, path, strlen(path) + 1);
+    e->reply = reply;
+    e->reply_len = len;
+    uv_loop_init(&e->loop);
+    uv_pipe_init(&e->loop, &e->server, 0);
+    e->server.data = e;
+    uv_async_init(&e->loop, &e->stop, echo_on_stop);
+    e->stop.data = e;
+    if (uv_pipe_bind(&e->server, path) < 0 ||
+        uv_listen((uv_stream_t *)&e->server, 128, echo_accept) < 0)
+        return NULL;
+    pthread_create(tid, NULL, echo_thread, e);
+    return e;
+}
+
+static void echo_stop(echo *e, pthread_t tid)
+{
+    uv_async_send(&e->stop);
+    pthread_join(tid, NULL);
+    uv_loop_close(&e->loop);
+    unlink(e->path);
+    free(e);
+}
+
+/* ---- measurements ----------------------------------------------------- */
+
+typedef struct target {
+    const char *path;   /* socket, or NULL for the direct LMDB read */
+    kw_cache *cache;    /* for the direct read */
+    uint8_t (*digests)[32];
+    uint8_t **reqs;     /* GET frames, one per digest */
+    size_t *req_lens;
+    size_t n;
+} target;
+
+typedef struct tp_arg {
+    const target *t;
+    double deadline;
+    uint64_t done;
+    int failed;
+} tp_arg;
+
+/* One get through t: over the socket, or straight from LMDB. */
+static int one_get(const target *t, int fd, size_t i, uint8_t *buf, size_t cap)
+{
+    size_t len;
+    if (t->path == NULL)
+        return kw_cache_get_into(t->cache, t->digests[i % t->n], buf, cap, &len, NULL);
+    return round_trip(fd, t->reqs[i % t->n], t->req_lens[i % t->n], buf, cap) < 0 ? -1 : 0;
+}
+
+static void *tp_thread(void *arg)
+{
+    tp_arg *a = arg;
+    size_t cap = 1 << 20;
+    uint8_t *buf = malloc(cap);
+    int fd = a->t->path ? unix_connect(a->t->path) : 0;
+    if (fd < 0 || buf == NULL)
+        a->failed = 1;
+    for (size_t i = 0; !a->failed && now_ns() < a->deadline; i++) {
+        if (one_get(a->t, fd, i, buf, cap) < 0)
+            a->failed = 1;
+        else
+            a->done++;
+    }
+    if (a->t->path && fd >= 0)
+        close(fd);
+    free(buf);
+    return NULL;
+}
+
+/* Requests per second with `clients` threads for `secs` seconds. */
+static double throughput(const target *t, int clients, double secs)
+{
+    pthread_t tid[64];
+    tp_arg a[64];
+    double t0 = now_ns(), total = 0;
+    for (int i = 0; i < clients; i++) {
+        a[i] = (tp_arg){t, t0 + secs * 1e9, 0, 0};
+        pthread_create(&tid[i], NULL, tp_thread, &a[i]);
+    }
+    for (int i = 0; i < clients; i++) {
+        pthread_join(tid[i], NULL);
+        total += (double)a[i].done;
+        if (a[i].failed)
+            return -1;
+    }
+    return total / ((now_ns() - t0) / 1e9);
+}
+
+/* p50 and p99 of a persistent client's gets, in microseconds. */
+static int latency(const target *t, double *p50, double *p99)
+{
+    static double s[LAT_ITERS];
+    size_t cap = 1 << 20;
+    uint8_t *buf = malloc(cap);
+    int fd = t->path ? unix_connect(t->path) : 0, rc = fd < 0 ? -1 : 0;
+    for (size_t i = 0; rc == 0 && i < LAT_ITERS + 1000; i++) {
+        double t0 = now_ns();
+        rc = one_get(t, fd, i, buf, cap);
+        if (i >= 1000) /* the first thousand warm up */
+            s[i - 1000] = (now_ns() - t0) / 1e3;
+    }
+    if (t->path && fd >= 0)
+        close(fd);
+    free(buf);
+    qsort(s, LAT_ITERS, sizeof *s, cmp_double);
+    *p50 = s[LAT_ITERS / 2];
+    *p99 = s[LAT_ITERS * 99 / 100];
+    return rc;
+}
+
+/* ---- set-up and report ----------------------------------------------- */
+
+/* Fills a new cache at dir with NBLOBS random blobs of each size. */
+static int populate(const char *dir, uint8_t digests[][NBLOBS][32])
+{
+    kw_cache_opts o = {.dir = dir};
+    kw_cache *c = NULL;
+    char err[256];
+    if (kw_cache_open(&c, &o, err, sizeof err) < 0)
+        return -1;
+    uint8_t *blob = malloc(sizes[2]);
+    for (size_t s = 0; s < 3; s++)
+        for (size_t i = 0; i < NBLOBS; i++) {
+            kw_cache_info info = {.family = "bench", .arch = "sm_90", .entry = "kw_bench"};
+            for (size_t b = 0; b < sizes[s]; b++)
+                blob[b] = (uint8_t)rand();
+            for (size_t b = 0; b < 32; b++)
+                digests[s][i][b] = (uint8_t)rand();
+            if (kw_cache_put(c, digests[s][i], &info, blob, sizes[s], true, NULL) < 0)
+                return -1;
+        }
+    free(blob);
+    kw_cache_close(c);
+    return 0;
+}
+
+static pid_t start_kwarmd(const char *bin, const char *sock, const char *cache)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl(bin, bin, "--socket", sock, "--cache", cache, "--jobs", "2", (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 500; i++) { /* bounded wait until it accepts */
+        int fd = unix_connect(sock);
+        if (fd >= 0) {
+            close(fd);
+            return pid;
+        }
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    kill(pid, SIGKILL);
+    return -1;
+}
+
+/* kwarmd's exact reply frame for one GET: what the echo floor sends. */
+static uint8_t *sample_reply(const char *sock, const uint8_t *req, size_t req_len,
+                             size_t *len)
+{
+    size_t cap = 1 << 20;
+    uint8_t *buf = malloc(cap);
+    int fd = unix_connect(sock);
+    ssize_t pl = fd >= 0 ? round_trip(fd, req, req_len, buf, cap) : -1;
+    if (fd >= 0)
+        close(fd);
+    uint16_t type;
+    uint32_t hl, plen;
+    if (pl < 0 || kw_proto_peek(buf, 16, &type, &hl, &plen) < 0) {
+        free(buf);
+        return NULL;
+    }
+    *len = 16 + hl + plen;
+    return buf;
+}
+
+typedef struct result {
+    double p50, p99, rps[3];
+} result;
+
+static int measure(const target *t, double secs, result *r)
+{
+    if (latency(t, &r->p50, &r->p99) < 0)
+        return -1;
+    for (int c = 0; c < 3; c++)
+        if ((r->rps[c] = throughput(t, client_counts[c], secs)) < 0)
+            return -1;
+    return 0;
+}
+
+static void print_size(FILE *json, size_t size, const result r[3], bool first)
+{
+    static const char *const names[3] = {"kwarmd get hit", "bare echo (floor)",
+                                          "direct LMDB read (floor)"};
+    static const char *const keys[3] = {"kwarmd", "echo", "lmdb"};
+    printf("\ncubin %zu KB       p50 us   p99 us   req/s 1 client   8 clients  64 clients\n",
+           size / 1024);
+    for (int i = 0; i < 3; i++)
+        printf("%-24s %8.1f %8.1f %16.0f %11.0f %11.0f\n", names[i], r[i].p50,
+               r[i].p99, r[i].rps[0], r[i].rps[1], r[i].rps[2]);
+    printf("kwarmd vs echo: latency p50 %.2fx, p99 %.2fx; throughput %.0f%% / %.0f%% / %.0f%%\n",
+           r[0].p50 / r[1].p50, r[0].p99 / r[1].p99, 100 * r[0].rps[0] / r[1].rps[0],
+           100 * r[0].rps[1] / r[1].rps[1], 100 * r[0].rps[2] / r[1].rps[2]);
+    if (json == NULL)
+        return;
+    fprintf(json, "%s\n {\"size\": %zu", first ? "" : ",", size);
+    for (int i = 0; i < 3; i++)
+        fprintf(json, ", \"%s\": {\"p50_us\": %.2f, \"p99_us\": %.2f, \"rps\": [%.0f, %.0f, %.0f]}",
+                keys[i], r[i].p50, r[i].p99, r[i].rps[0], r[i].rps[1], r[i].rps[2]);
+    fprintf(json, "}");
+}
+
+/* Measures kwarmd, the echo floor and the LMDB floor for one size. */
+static int bench_size(size_t s, const char *ksock, const char *esock,
+                      kw_cache *cache, uint8_t (*digests)[32], double secs,
+                      result r[3])
+{
+    uint8_t *reqs[NBLOBS];
+    size_t lens[NBLOBS], reply_len = 0;
+    for (size_t i = 0; i < NBLOBS; i++)
+        reqs[i] = get_request(digests[i], &lens[i]);
+    target k = {ksock, NULL, digests, reqs, lens, NBLOBS};
+    target l = {NULL, cache, digests, reqs, lens, NBLOBS};
+    target e = {esock, NULL, digests, reqs, lens, NBLOBS};
+    uint8_t *reply = sample_reply(ksock, reqs[0], lens[0], &reply_len);
+    pthread_t tid;
+    echo *srv = reply ? echo_start(esock, reply, reply_len, &tid) : NULL;
+    int rc = srv == NULL ? -1 : 0;
+    if (rc == 0)
+        rc = measure(&k, secs, &r[0]) < 0 || measure(&e, secs, &r[1]) < 0 ||
+                     measure(&l, secs, &r[2]) < 0 ? -1 : 0;
+    if (srv != NULL)
+        echo_stop(srv, tid);
+    free(reply);
+    for (size_t i = 0; i < NBLOBS; i++)
+        free(reqs[i]);
+    (void)s;
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    const char *bin = NULL, *json_path = NULL;
+    double secs = 2;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (strcmp(argv[i], "--kwarmd") == 0)
+            bin = argv[i + 1];
+        else if (strcmp(argv[i], "--seconds") == 0)
+            secs = atof(argv[i + 1]);
+        else if (strcmp(argv[i], "--json") == 0)
+            json_path = argv[i + 1];
+    }
+    if (bin == NULL || secs <= 0) {
+        fprintf(stderr, "usage: bench_daemon --kwarmd PATH [--seconds S] [--json FILE]\n");
+        return 2;
+    }
+    char dir[] = "/tmp/kw-bench-daemon-XXXXXX", cache[96], ksock[96], esock[96];
+    static uint8_t digests[3][NBLOBS][32];
+    if (mkdtemp(dir) == NULL)
+        return 1;
+    snprintf(cache, sizeof cache, "%s/cache", dir);
+    snprintf(ksock, sizeof ksock, "%s/k.sock", dir);
+    snprintf(esock, sizeof esock, "%s/e.sock", dir);
+    srand(1);
+    pid_t pid = populate(cache, digests) == 0 ? start_kwarmd(bin, ksock, cache) : -1;
+    kw_cache_opts co = {.dir = cache, .read_only = true};
+    kw_cache *c = NULL;
+    char err[256];
+    if (pid < 0 || kw_cache_open(&c, &co, err, sizeof err) < 0) {
+        fprintf(stderr, "bench_daemon: set-up failed\n");
+        return 1;
+    }
+    FILE *json = json_path ? fopen(json_path, "w") : NULL;
+    if (json)
+        fprintf(json, "{\"clients\": [1, 8, 64], \"sizes\": [");
+    int rc = 0;
+    for (size_t s = 0; rc == 0 && s < 3; s++) {
+        result r[3];
+        if ((rc = bench_size(s, ksock, esock, c, digests[s], secs, r)) == 0)
+            print_size(json, sizes[s], r, s == 0);
+    }
+    if (json) {
+        fprintf(json, "]}\n");
+        fclose(json);
+    }
+    kw_cache_close(c);
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+    if (rc < 0)
+        fprintf(stderr, "bench_daemon: a measurement failed\n");
+    return rc < 0 ? 1 : 0;
+}
