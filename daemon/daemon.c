@@ -80,6 +80,7 @@ static void on_signal(uv_signal_t *s, int signum)
     uv_close((uv_handle_t *)&d->sigterm, NULL);
     uv_close((uv_handle_t *)&d->sigint, NULL);
     uv_close((uv_handle_t *)&d->flush_timer, NULL);
+    uv_close((uv_handle_t *)&d->resume, NULL);
     if (d->compiler != NULL)
         kw__compiler_stop(d->compiler, on_compiler_stopped, d);
     while (d->conns != NULL)
@@ -99,6 +100,7 @@ static int start(kw__daemon *d, char *err, size_t errlen)
         rc = kw__daemon_listen(d, err, errlen);
     if (rc < 0)
         return rc;
+    kw__daemon_backlog_init(d);
     uv_signal_init(&d->loop, &d->sigterm);
     uv_signal_init(&d->loop, &d->sigint);
     uv_timer_init(&d->loop, &d->flush_timer);

@@ -7,6 +7,7 @@
 #include "internal.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -330,8 +331,12 @@ static int get_key(const cJSON *h, kw_keys_key *k, bool *have_key, char *err,
     for (size_t i = 0; i < kw_keys_nfields(k->family); i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(fields,
                                                           kw_keys_field_name(k->family, i));
-        if (!cJSON_IsNumber(v) && !cJSON_IsBool(v)) {
-            snprintf(err, errlen, "get: /fields/%s: missing or not a number",
+        /* Integers only, within int32 like every key field: a fraction
+         * must not truncate into another key's value. */
+        bool num = cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble) &&
+                   fabs(v->valuedouble) <= 2147483647.0;
+        if (!num && !cJSON_IsBool(v)) {
+            snprintf(err, errlen, "get: /fields/%s: missing or not an integer",
                      kw_keys_field_name(k->family, i));
             return KW_EINVAL;
         }

@@ -26,6 +26,8 @@ typedef struct kw__daemon {
     uv_pipe_t listener;
     uv_signal_t sigterm, sigint;
     uv_timer_t flush_timer;
+    uv_idle_t resume;   /* runs connections whose buffer still holds frames */
+    kw__conn *backlog;  /* those connections, linked through next_backlog */
     kw_cache *cache;
     kw__compiler *compiler;
     kw__conn *conns; /* every open connection */
@@ -52,8 +54,10 @@ struct kw__conn {
     kw__req *active; /* the request under way, reading paused meanwhile */
     int refs;        /* compile callbacks still to come */
     int handles;     /* uv handles not yet closed (pipe, timer) */
+    kw__conn *next_backlog;
     bool closing;
     bool paused;
+    bool in_backlog;
     uid_t uid;
     gid_t gid;
 };
@@ -82,6 +86,9 @@ void kw__conn_unref(kw__conn *c);
 /* Serves one parsed request (handlers.c).  Either answers at once, or sets
  * c->active and answers later, calling kw__conn_request_done(). */
 void kw__daemon_dispatch(kw__conn *c, const kw_msg *m);
+
+/* Initialises the backlog machinery (a uv_idle_t) of d. */
+void kw__daemon_backlog_init(kw__daemon *d);
 
 /* Starts listening: the systemd socket or a new one at opts->socket_path. */
 int kw__daemon_listen(kw__daemon *d, char *err, size_t errlen);

@@ -146,12 +146,55 @@ void kw__conn_error(kw__conn *c, int code, const char *msg, bool close_after)
     send_frame(c, frame, len, close_after);
 }
 
+static void process(kw__conn *c);
+
+/* Runs each connection of the backlog once more (KW__FRAMES_PER_READ
+ * frames); stops itself when the backlog is empty. */
+static void on_resume(uv_idle_t *h)
+{
+    kw__daemon *d = h->data;
+    kw__conn *list = d->backlog;
+    d->backlog = NULL;
+    while (list != NULL) {
+        kw__conn *c = list;
+        list = c->next_backlog;
+        c->in_backlog = false;
+        if (!c->closing)
+            process(c);
+        kw__conn_unref(c); /* the reference backlog_add() took */
+    }
+    if (d->backlog == NULL)
+        uv_idle_stop(h);
+}
+
+void kw__daemon_backlog_init(kw__daemon *d)
+{
+    uv_idle_init(&d->loop, &d->resume);
+    d->resume.data = d;
+}
+
+/* Queues c to be processed again on the next loop iteration. */
+static void backlog_add(kw__conn *c)
+{
+    kw__daemon *d = c->d;
+    if (c->in_backlog)
+        return;
+    c->in_backlog = true;
+    c->next_backlog = d->backlog;
+    d->backlog = c;
+    c->refs++; /* dropped when the backlog is run (see process) */
+    uv_idle_start(&d->resume, on_resume);
+}
+
 /* Parses and serves buffered requests, at most KW__FRAMES_PER_READ per
- * call, stopping while one is under way.  A protocol error gets one
- * ERROR frame, then the connection closes. */
+ * call, stopping while one is under way; frames left over are served on
+ * the next loop iteration (the backlog), so one pipelining client cannot
+ * hold the loop.  A protocol error gets one ERROR frame, then the
+ * connection closes. */
 static void process(kw__conn *c)
 {
-    for (int n = 0; n < KW__FRAMES_PER_READ && !c->closing && !c->active; n++) {
+    int n = 0;
+    for (; n < KW__FRAMES_PER_READ && !c->closing && !c->active; n++) {
         kw_msg m;
         size_t used = 0;
         int rc = kw_proto_parse_request(c->buf, c->len, &m, &used);
@@ -177,6 +220,8 @@ static void process(kw__conn *c)
             c->paused = true;
         }
     }
+    if (n == KW__FRAMES_PER_READ && !c->closing && !c->active && c->len > 0)
+        backlog_add(c);
 }
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *b)
