@@ -89,4 +89,12 @@ int kw__cli_prewarm(int argc, char **argv);
 int kw__cli_get(int argc, char **argv);
 int kw__cli_stats(int argc, char **argv);
 
+/* The commands that talk to kwarmd (cli_daemon.c).  kw__cli_get and
+ * kw__cli_stats hand over to the _socket forms when no --cache is given;
+ * those take the same argv (argv[0] is the command name). */
+int kw__cli_ping(int argc, char **argv);
+int kw__cli_warmup(int argc, char **argv);
+int kw__cli_get_socket(int argc, char **argv);
+int kw__cli_stats_socket(int argc, char **argv);
+
 #endif /* KW_CLI_H */

@@ -17,15 +17,20 @@
 static const char get_usage[] =
     "usage: kwarm get (--digest HEX | --family F --fields k=v,... --arch sm_XX)\n"
     "                 --cache DIR -o FILE\n"
+    "       kwarm get (...same key...) -o FILE [--socket PATH] [--no-compile]\n"
     "\n"
     "Writes one cached cubin to FILE (atomically) and prints its entry point.\n"
     "The key is its 64-hex-digit digest (as kwarm keys prints it), or the\n"
-    "family, every field of it and the arch. Exit 1 when it is not cached.\n"
+    "family, every field of it and the arch. With --cache the directory is\n"
+    "read directly; otherwise kwarmd is asked (--socket, $KWARM_SOCKET, or\n"
+    "the default socket), which compiles a missing key unless --no-compile.\n"
+    "Exit 1 when it is not cached.\n"
     "\n"
     "  -h, --help                 this text\n";
 
 static const char stats_usage[] =
     "usage: kwarm stats --cache DIR [--json]\n"
+    "       kwarm stats [--socket PATH] [--json]   (ask kwarmd)\n"
     "\n"
     "Prints the cache's entries, bytes, size limit, hits, misses, compiles,\n"
     "compile failures, evictions and corrupt entries found.\n"
@@ -212,9 +217,22 @@ static int get_fetch(const get_opts *o, const uint8_t *digest)
     return rc == 0 ? KW_CLI_OK : KW_CLI_RUNTIME;
 }
 
+/* True when argv names a cache directory: the command then works on it
+ * directly, else it asks kwarmd over the socket. */
+static bool has_cache_flag(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++)
+        if (kw__cli_is(argv[i], "--cache"))
+            return true;
+    return false;
+}
+
 int kw__cli_get(int argc, char **argv)
 {
     get_opts o = {0};
+    if (!has_cache_flag(argc, argv) && !(argc == 2 && (strcmp(argv[1], "-h") == 0 ||
+                                                        strcmp(argv[1], "--help") == 0)))
+        return kw__cli_get_socket(argc, argv);
     kw_keys_key k;
     int rc = get_parse(&o, argc, argv);
     if (rc >= 0)
@@ -257,6 +275,9 @@ void kw__cli_print_stats(const kw_cache_stats *st, const char *dir, bool json)
 int kw__cli_stats(int argc, char **argv)
 {
     const char *dir = NULL;
+    if (!has_cache_flag(argc, argv) && !(argc == 2 && (strcmp(argv[1], "-h") == 0 ||
+                                                        strcmp(argv[1], "--help") == 0)))
+        return kw__cli_stats_socket(argc, argv);
     bool json = false;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {

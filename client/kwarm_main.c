@@ -15,6 +15,8 @@ static const command commands[] = {
     {"prewarm", kw__cli_prewarm, "compile every missing key into a cache directory"},
     {"get", kw__cli_get, "write one cached cubin to a file"},
     {"stats", kw__cli_stats, "print a cache's statistics"},
+    {"warmup", kw__cli_warmup, "ask a running kwarmd to compile every missing key"},
+    {"ping", kw__cli_ping, "check that kwarmd answers, and print its version"},
     {"verify", kw__cli_verify, "run every key's kernel against its CPU reference (GPU)"},
 };
 #define NCOMMANDS (sizeof commands / sizeof commands[0])

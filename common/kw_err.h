@@ -25,6 +25,10 @@
     XX(EMISMATCH, -1015, "kernel output differs from its reference")       \
     XX(ENOFAMILY, -1016, "unknown kernel family")
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 enum {
 #define XX(name, code, msg) KW_##name = (code),
     KW_ERR_MAP(XX)
@@ -36,5 +40,9 @@ const char *kw_strerror(int err);
 
 /* Returns the code's symbolic name ("KW_ENVRTC", "ENOENT"); never NULL. */
 const char *kw_err_name(int err);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* KW_ERR_H */

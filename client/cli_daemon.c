@@ -1,0 +1,658 @@
+/* cli_daemon.c: the commands that talk to a running kwarmd through
+ * libkwarm: `kwarm ping`, `kwarm warmup`, and the --socket forms of
+ * `kwarm get` and `kwarm stats` (cli_cache.c's commands hand those over
+ * when no --cache is given).
+ */
+#include "cli.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "kw_client.h"
+#include "kw_err.h"
+#include "kw_parse.h"
+#include "kw_proto.h"
+
+/* Bounds the connect, and every wait of the short requests (ping, stats).
+ * Warmups and compiling gets then wait as long as compiles take. */
+#define CLI_TIMEOUT_MS 10000
+
+static const char socket_help[] =
+    "  --socket PATH              kwarmd's socket ($KWARM_SOCKET, else\n"
+    "                             $XDG_RUNTIME_DIR/kwarm.sock, or\n"
+    "                             /run/kwarm/kwarm.sock for root)\n";
+
+static const char ping_usage[] =
+    "usage: kwarm ping [--socket PATH]\n"
+    "\n"
+    "Asks kwarmd for its version; exit 1 when it cannot be reached.\n"
+    "\n";
+
+static const char warmup_usage[] =
+    "usage: kwarm warmup --model CONFIG.json [DEPLOYMENT] [--socket PATH] "
+    "[--json]\n"
+    "\n"
+    "Asks a running kwarmd to compile every key of this model and deployment\n"
+    "that its cache lacks, showing progress; exit 1 when a key failed.\n"
+    "\n"
+    "  --json                     kwarmd's result: keys, compiled, hits,\n"
+    "                             failed, seconds and the manifest\n";
+
+static const char get_usage[] =
+    "usage: kwarm get (--digest HEX | --family F --fields k=v,... --arch sm_XX)\n"
+    "                 -o FILE [--socket PATH] [--no-compile]\n"
+    "\n"
+    "Fetches one cubin from kwarmd and writes it to FILE (atomically).  A key\n"
+    "given by family, fields and arch is compiled on a miss unless\n"
+    "--no-compile; a digest is only looked up.  Exit 1 when it is not there.\n"
+    "\n";
+
+static const char stats_usage[] =
+    "usage: kwarm stats [--socket PATH] [--json]\n"
+    "\n"
+    "Prints kwarmd's cache statistics (entries, bytes, max_size, hits, misses,\n"
+    "compiles, compile_failures, evictions, corrupt) and its own counters.\n"
+    "\n"
+    "  --json                     one JSON object with those fields\n";
+
+static const char help_tail[] = "  -h, --help                 this text\n";
+
+/* ---- shared ------------------------------------------------------------- */
+
+static bool is_help(const char *arg)
+{
+    return strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0;
+}
+
+/* Prints a command's usage (with the --socket line) on stdout. */
+static int print_usage(const char *usage, bool model)
+{
+    printf("%s%s%s%s", usage, socket_help, help_tail,
+           model ? "\n" : "");
+    if (model)
+        fputs(kw__cli_deploy_help, stdout);
+    return KW_CLI_OK;
+}
+
+/* The exit code of a failed request: 2 when the input was at fault (the
+ * daemon refused the model, deployment or key), else 1. */
+static int exit_for(int rc)
+{
+    switch (rc) {
+    case KW_EINVAL: case KW_EJSON: case KW_ECONFIG: case KW_EDEPLOY:
+    case KW_ENOFAMILY: case KW_E2BIG: case -ENAMETOOLONG:
+        return KW_CLI_USAGE;
+    default:
+        return KW_CLI_RUNTIME;
+    }
+}
+
+/* Connects to path (NULL: the default); prints why not and returns the
+ * exit code, else KW_CLI_OK with *c set. */
+static int connect_to(const char *cmd, const char *path, kw_client **c)
+{
+    char err[512];
+    int rc = kw_client_connect(c, path, CLI_TIMEOUT_MS, err, sizeof err);
+    if (rc < 0) {
+        kw__cli_err(cmd, "cannot reach kwarmd: %s", err);
+        return exit_for(rc);
+    }
+    return KW_CLI_OK;
+}
+
+/* Prints the failure of a request on c; returns its exit code. */
+static int request_failed(const char *cmd, const kw_client *c, int rc)
+{
+    kw__cli_err(cmd, "%s", kw_client_last_error(c));
+    return exit_for(rc);
+}
+
+/* Reads --socket's value at argv[*i] into *path.  1 when argv[*i] is
+ * --socket, 0 when not, -KW_CLI_USAGE after printing the error. */
+static int socket_arg(const char *cmd, int argc, char **argv, int *i,
+                      const char **path)
+{
+    if (!kw__cli_is(argv[*i], "--socket"))
+        return 0;
+    if (*path != NULL) {
+        kw__cli_err(cmd, "--socket: given more than once");
+        return -KW_CLI_USAGE;
+    }
+    *path = kw__cli_value(cmd, argc, argv, i);
+    return *path != NULL ? 1 : -KW_CLI_USAGE;
+}
+
+/* Prints "unknown argument" for cmd; returns KW_CLI_USAGE. */
+static int unknown_arg(const char *cmd, const char *arg)
+{
+    kw__cli_err(cmd, "%s: unknown argument (see kwarm %s --help)", arg, cmd);
+    return KW_CLI_USAGE;
+}
+
+/* ---- ping ---------------------------------------------------------------- */
+
+int kw__cli_ping(int argc, char **argv)
+{
+    const char *path = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (is_help(argv[i]))
+            return print_usage(ping_usage, false);
+        int rc = socket_arg("ping", argc, argv, &i, &path);
+        if (rc < 0)
+            return -rc;
+        if (rc == 0)
+            return unknown_arg("ping", argv[i]);
+    }
+    kw_client *c = NULL;
+    char version[64];
+    int rc = connect_to("ping", path, &c);
+    if (rc != KW_CLI_OK)
+        return rc;
+    if ((rc = kw_client_ping(c, version, sizeof version)) < 0)
+        rc = request_failed("ping", c, rc);
+    else
+        printf("kwarmd %s at %s\n", version, kw_client_path(c));
+    kw_client_close(c);
+    return rc;
+}
+
+/* ---- stats --------------------------------------------------------------- */
+
+/* Prints a stats reply as "name value" lines under "kwarmd PATH", in the
+ * layout of the cache's stats. */
+static void print_stats(const char *json, const char *path)
+{
+    cJSON *st = cJSON_Parse(json);
+    printf("kwarmd %s\n", path);
+    for (const cJSON *it = st ? st->child : NULL; it != NULL; it = it->next)
+        if (cJSON_IsNumber(it))
+            printf("  %-17s %.0f\n", it->string, it->valuedouble);
+    cJSON_Delete(st);
+}
+
+int kw__cli_stats_socket(int argc, char **argv)
+{
+    const char *path = NULL;
+    bool json = false;
+    for (int i = 1; i < argc; i++) {
+        if (is_help(argv[i]))
+            return print_usage(stats_usage, false);
+        if (strcmp(argv[i], "--json") == 0) {
+            json = true;
+            continue;
+        }
+        int rc = socket_arg("stats", argc, argv, &i, &path);
+        if (rc < 0)
+            return -rc;
+        if (rc == 0)
+            return unknown_arg("stats", argv[i]);
+    }
+    kw_client *c = NULL;
+    char *reply = NULL;
+    int rc = connect_to("stats", path, &c);
+    if (rc != KW_CLI_OK)
+        return rc;
+    if ((rc = kw_client_stats(c, &reply)) < 0)
+        rc = request_failed("stats", c, rc);
+    else if (json)
+        printf("%s\n", reply);
+    else
+        print_stats(reply, kw_client_path(c));
+    free(reply);
+    kw_client_close(c);
+    return rc;
+}
+
+/* ---- get ----------------------------------------------------------------- */
+
+typedef struct get_opts {
+    const char *digest, *family, *fields, *arch, *out, *socket;
+    bool no_compile;
+} get_opts;
+
+/* Checks that exactly one way of naming the key and -o were given. */
+static int get_check(const get_opts *o)
+{
+    bool by_key = o->family || o->fields || o->arch;
+    const char *missing =
+        o->out == NULL                    ? "-o"
+        : (o->digest != NULL) == by_key   ? "--digest or --family/--fields/--arch"
+        : by_key && !(o->family && o->fields && o->arch)
+            ? "--family, --fields and --arch"
+            : NULL;
+    if (missing != NULL) {
+        kw__cli_err("get", "%s: required (see kwarm get --help)", missing);
+        return KW_CLI_USAGE;
+    }
+    return -1;
+}
+
+/* Parses get's flags into o; returns -1 to go on, else an exit code. */
+static int get_parse(get_opts *o, int argc, char **argv)
+{
+    struct {
+        const char *flag;
+        const char **slot;
+    } flags[] = {{"--digest", &o->digest}, {"--family", &o->family},
+                 {"--fields", &o->fields}, {"--arch", &o->arch},
+                 {"--socket", &o->socket}, {"-o", &o->out}};
+    size_t nflags = sizeof flags / sizeof *flags;
+    for (int i = 1; i < argc; i++) {
+        if (is_help(argv[i]))
+            return print_usage(get_usage, false);
+        if (strcmp(argv[i], "--no-compile") == 0) {
+            o->no_compile = true;
+            continue;
+        }
+        size_t f = 0;
+        while (f < nflags && !kw__cli_is(argv[i], flags[f].flag))
+            f++;
+        if (f == nflags)
+            return unknown_arg("get", argv[i]);
+        if (*flags[f].slot != NULL) {
+            kw__cli_err("get", "%s: given more than once", flags[f].flag);
+            return KW_CLI_USAGE;
+        }
+        if ((*flags[f].slot = kw__cli_value("get", argc, argv, &i)) == NULL)
+            return KW_CLI_USAGE;
+    }
+    return get_check(o);
+}
+
+/* Adds "name=value" of family f to obj: an integer, or true/false for a
+ * boolean field.  Returns 0, or -1 after printing the error. */
+static int add_field(cJSON *obj, kw_k_family f, unsigned *seen,
+                     const char *name, const char *v)
+{
+    size_t i = 0, n = kw_keys_nfields(f);
+    while (i < n && strcmp(kw_keys_field_name(f, i), name) != 0)
+        i++;
+    if (i == n) {
+        kw__cli_err("get", "--fields: %.48s is not a field of %s", name,
+                    kw_keys_family_name(f));
+        return -1;
+    }
+    if (*seen & (1u << i)) {
+        kw__cli_err("get", "--fields: %s given twice", name);
+        return -1;
+    }
+    *seen |= 1u << i;
+    bool is_bool = kw_keys_field_is_bool(f, i);
+    int64_t x;
+    if (is_bool && (strcmp(v, "true") == 0 || strcmp(v, "false") == 0))
+        cJSON_AddBoolToObject(obj, name, v[0] == 't');
+    else if (kw_parse_i64(v, -(INT64_C(1) << 53), INT64_C(1) << 53, &x) == 0)
+        cJSON_AddNumberToObject(obj, name, (double)x);
+    else {
+        kw__cli_err("get", "--fields: %s: '%.32s' is not an integer%s", name,
+                    v, is_bool ? " or true/false" : "");
+        return -1;
+    }
+    return 0;
+}
+
+/* Splits "k=v,..." into the fields of family f, each checked, into obj. */
+static int add_fields(cJSON *obj, kw_k_family f, char *list)
+{
+    unsigned seen = 0;
+    for (char *save = NULL, *kv = strtok_r(list, ",", &save); kv != NULL;
+         kv = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(kv, '=');
+        if (eq == NULL) {
+            kw__cli_err("get", "--fields: '%.48s' is not name=value", kv);
+            return -1;
+        }
+        *eq = '\0';
+        if (add_field(obj, f, &seen, kv, eq + 1) < 0)
+            return -1;
+    }
+    for (size_t i = 0; i < kw_keys_nfields(f); i++)
+        if (!(seen & (1u << i))) {
+            kw__cli_err("get", "--fields: %s missing (a %s key has %zu "
+                        "fields)", kw_keys_field_name(f, i),
+                        kw_keys_family_name(f), kw_keys_nfields(f));
+            return -1;
+        }
+    return 0;
+}
+
+/* Turns --family/--fields into the JSON object kwarmd takes (*json, free
+ * it).  Returns -1 to go on, else an exit code after printing why. */
+static int fields_json(const get_opts *o, char **json)
+{
+    kw_k_family f;
+    if (kw_keys_family_from_name(o->family, &f) < 0) {
+        kw__cli_err("get", "--family: '%.48s' is not a kernel family",
+                    o->family);
+        return KW_CLI_USAGE;
+    }
+    char *list = strdup(o->fields);
+    cJSON *obj = cJSON_CreateObject();
+    int rc = list && obj ? add_fields(obj, f, list) : -2;
+    if (rc == 0 && (*json = cJSON_PrintUnformatted(obj)) == NULL)
+        rc = -2;
+    if (rc == -2)
+        kw__cli_err("get", "%s", kw_strerror(KW_ENOMEM));
+    free(list);
+    cJSON_Delete(obj);
+    return rc == 0 ? -1 : rc == -1 ? KW_CLI_USAGE : KW_CLI_RUNTIME;
+}
+
+/* Writes len bytes to path through a temporary file in its directory and
+ * rename(), so a reader never sees half a cubin.  0 or -errno. */
+static int write_atomic(const char *path, const void *data, size_t len)
+{
+    size_t n = strlen(path);
+    char *tmp = malloc(n + sizeof ".tmp.XXXXXX");
+    if (tmp == NULL)
+        return -ENOMEM;
+    memcpy(tmp, path, n);
+    memcpy(tmp + n, ".tmp.XXXXXX", sizeof ".tmp.XXXXXX");
+    int fd = mkstemp(tmp), rc = 0;
+    if (fd < 0) {
+        rc = -errno;
+        free(tmp);
+        return rc;
+    }
+    mode_t mask = umask(0); /* mkstemp makes 0600; give what open() would */
+    umask(mask);
+    if (fchmod(fd, 0644 & ~mask) < 0)
+        rc = -errno;
+    for (size_t off = 0; off < len && rc == 0;) {
+        ssize_t w = write(fd, (const char *)data + off, len - off);
+        if (w < 0 && errno != EINTR)
+            rc = -errno;
+        else if (w > 0)
+            off += (size_t)w;
+    }
+    if (close(fd) < 0 && rc == 0)
+        rc = -errno;
+    if (rc == 0 && rename(tmp, path) < 0)
+        rc = -errno;
+    if (rc < 0)
+        unlink(tmp);
+    free(tmp);
+    return rc;
+}
+
+/* Fetches the kernel of o from c into *k; prints the failure. */
+static int get_fetch(const get_opts *o, kw_client *c, kw_client_kernel *k)
+{
+    char *fields = NULL;
+    int rc;
+    if (o->digest != NULL) {
+        rc = kw_client_get(c, o->digest, !o->no_compile, k);
+    } else {
+        if ((rc = fields_json(o, &fields)) >= 0)
+            return rc;
+        kw_client_set_timeout(c, 0); /* a compile takes what it takes */
+        rc = kw_client_get_key(c, o->family, fields, o->arch,
+                               !o->no_compile, k);
+    }
+    free(fields);
+    if (rc == KW_ENOTFOUND) {
+        kw__cli_err("get", "%s: not cached in kwarmd at %s",
+                    o->digest ? o->digest : o->family, kw_client_path(c));
+        return KW_CLI_RUNTIME;
+    }
+    return rc < 0 ? request_failed("get", c, rc) : KW_CLI_OK;
+}
+
+int kw__cli_get_socket(int argc, char **argv)
+{
+    get_opts o = {0};
+    int rc = get_parse(&o, argc, argv);
+    if (rc >= 0)
+        return rc;
+    if (o.digest != NULL && (strlen(o.digest) != 64 ||
+                             strspn(o.digest, "0123456789abcdefABCDEF") != 64)) {
+        kw__cli_err("get", "--digest: not 64 hex digits");
+        return KW_CLI_USAGE;
+    }
+    kw_client *c = NULL;
+    kw_client_kernel k = {0};
+    if ((rc = connect_to("get", o.socket, &c)) != KW_CLI_OK)
+        return rc;
+    if ((rc = get_fetch(&o, c, &k)) == KW_CLI_OK) {
+        int w = write_atomic(o.out, k.cubin, k.len);
+        if (w < 0) {
+            kw__cli_err("get", "-o %s: %s", o.out, strerror(-w));
+            rc = KW_CLI_RUNTIME;
+        } else {
+            printf("%s: %zu bytes, %s %s, entry %s\n", o.out, k.len,
+                   k.family, k.arch, k.entry);
+        }
+    }
+    kw_client_kernel_destroy(&k);
+    kw_client_close(c);
+    return rc;
+}
+
+/* ---- warmup -------------------------------------------------------------- */
+
+typedef struct warm_opts {
+    kw__cli_model a;
+    const char *socket;
+    bool json;
+} warm_opts;
+
+/* Adds field f of d to obj, as a --deploy file would spell it. */
+static void add_deploy_field(cJSON *obj, const kw_config_deploy *d,
+                             kw_config_field f)
+{
+    const char *name = kw_config_field_name(f);
+    const int64_t v[] = {
+        [KW_CONFIG_DCP_WORLD] = d->dcp_world,
+        [KW_CONFIG_DCP_RANK] = d->dcp_rank,
+        [KW_CONFIG_DCP_INTERLEAVE] = d->dcp_interleave,
+        [KW_CONFIG_PCP] = d->pcp,
+        [KW_CONFIG_MAX_NUM_BATCHED_TOKENS] = d->max_num_batched_tokens,
+        [KW_CONFIG_MAX_NUM_SEQS] = d->max_num_seqs,
+        [KW_CONFIG_BLOCK_SIZE] = d->block_size,
+        [KW_CONFIG_MAX_MODEL_LEN] = d->max_model_len,
+        [KW_CONFIG_BLOCK_STRIDE_ROWS] = d->block_stride_rows,
+        [KW_CONFIG_ARCH] = 0, [KW_CONFIG_TEXT_CONFIG] = 0};
+    if (f == KW_CONFIG_ARCH) {
+        char list[KW_CONFIG_MAX_ARCH * KW_CONFIG_ARCH_LEN] = "";
+        for (size_t i = 0; i < d->narch; i++) {
+            if (i > 0)
+                strcat(list, ",");
+            strcat(list, d->arch[i]);
+        }
+        cJSON_AddStringToObject(obj, name, list);
+    } else if (f == KW_CONFIG_TEXT_CONFIG) {
+        if (d->text_config != NULL)
+            cJSON_AddStringToObject(obj, name, d->text_config);
+    } else if (f == KW_CONFIG_DCP_RANK && d->dcp_rank == KW_CONFIG_RANK_ALL) {
+        cJSON_AddStringToObject(obj, name, "all");
+    } else {
+        cJSON_AddNumberToObject(obj, name, (double)v[f]);
+    }
+}
+
+/* The deployment kwarmd should use: every field the flags or --deploy
+ * gave (their values survive kw_config_resolve()), so the daemon applies
+ * the same defaults kwarm keys would.  A new string (free it), or NULL. */
+static char *deploy_json(const kw_config_deploy *d)
+{
+    cJSON *obj = cJSON_CreateObject();
+    if (obj == NULL)
+        return NULL;
+    for (int f = 0; f < KW_CONFIG_NFIELDS; f++)
+        if (d->given & (1u << f))
+            add_deploy_field(obj, d, (kw_config_field)f);
+    char *s = cJSON_PrintUnformatted(obj);
+    cJSON_Delete(obj);
+    return s;
+}
+
+/* Reads the config file as text for the request (kwarmd takes a config of
+ * at most one protocol header).  Returns -1 to go on, else an exit code. */
+static int read_config(const char *path, char **text)
+{
+    FILE *f = fopen(path, "rb");
+    char *buf = malloc(KW_PROTO_MAX_HEADER + 2);
+    size_t n = f && buf ? fread(buf, 1, KW_PROTO_MAX_HEADER + 1, f) : 0;
+    int rc = -1;
+    if (f == NULL || buf == NULL || ferror(f)) {
+        kw__cli_err("warmup", "%s: %s", path, buf ? strerror(errno ? errno : EIO)
+                                                  : kw_strerror(KW_ENOMEM));
+        rc = buf ? KW_CLI_USAGE : KW_CLI_RUNTIME;
+    } else if (n > KW_PROTO_MAX_HEADER) {
+        kw__cli_err("warmup", "%s: over %u bytes, more than a kwarmd request "
+                    "holds (use kwarm prewarm)", path, KW_PROTO_MAX_HEADER);
+        rc = KW_CLI_USAGE;
+    }
+    if (f != NULL)
+        fclose(f);
+    if (rc >= 0) {
+        free(buf);
+        return rc;
+    }
+    buf[n] = '\0';
+    *text = buf;
+    return -1;
+}
+
+/* Draws the progress bar of a warmup from one PROGRESS header, on stderr
+ * when it is a terminal (arg points to that bool). */
+static void on_progress(const char *progress_json, void *arg)
+{
+    if (!*(bool *)arg)
+        return;
+    cJSON *p = cJSON_Parse(progress_json);
+    const cJSON *done = cJSON_GetObjectItemCaseSensitive(p, "done");
+    const cJSON *total = cJSON_GetObjectItemCaseSensitive(p, "total");
+    if (cJSON_IsNumber(done) && cJSON_IsNumber(total) && total->valuedouble > 0) {
+        size_t d = (size_t)done->valuedouble, n = (size_t)total->valuedouble;
+        int width = 30, fill = d >= n ? width : (int)(d * (size_t)width / n);
+        fprintf(stderr, "\rwarmup [%.*s%*s] %zu/%zu", fill,
+                "##############################", width - fill, "", d, n);
+        if (d >= n)
+            fputc('\n', stderr);
+        fflush(stderr);
+    }
+    cJSON_Delete(p);
+}
+
+/* Returns member name of obj as a count (0 when missing). */
+static size_t count_of(const cJSON *obj, const char *name)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
+    return cJSON_IsNumber(v) && v->valuedouble > 0 ? (size_t)v->valuedouble : 0;
+}
+
+/* Names the failed keys of a warmup result in one stderr line. */
+static void print_failed(const cJSON *res, size_t failed)
+{
+    char list[512] = "";
+    size_t shown = 0, used = 0;
+    const cJSON *man = cJSON_GetObjectItemCaseSensitive(res, "manifest");
+    const cJSON *k;
+    cJSON_ArrayForEach(k, man) {
+        const cJSON *st = cJSON_GetObjectItemCaseSensitive(k, "status");
+        const cJSON *fam = cJSON_GetObjectItemCaseSensitive(k, "family");
+        const cJSON *dg = cJSON_GetObjectItemCaseSensitive(k, "digest");
+        if (!cJSON_IsString(st) || strcmp(st->valuestring, "failed") != 0 ||
+            !cJSON_IsString(fam) || !cJSON_IsString(dg) || shown == 4)
+            continue;
+        int w = snprintf(list + used, sizeof list - used, "%s%s %.16s",
+                         shown ? ", " : "", fam->valuestring, dg->valuestring);
+        if (w > 0 && (size_t)w < sizeof list - used)
+            used += (size_t)w;
+        shown++;
+    }
+    kw__cli_err("warmup", "%zu key%s failed to compile (kwarmd's log has "
+                "the NVRTC output): %s%s", failed, failed == 1 ? "" : "s",
+                list, failed > shown ? ", ..." : "");
+}
+
+/* Prints a warmup's result; returns 1 when a key failed, else 0. */
+static int print_result(const char *json, const warm_opts *o, const char *path)
+{
+    cJSON *res = cJSON_Parse(json);
+    size_t failed = count_of(res, "failed");
+    if (o->json) {
+        printf("%s\n", json);
+    } else {
+        const cJSON *secs = cJSON_GetObjectItemCaseSensitive(res, "seconds");
+        printf("warmup: %zu keys: %zu compiled, %zu hits, %zu failed in "
+               "%.2f s (kwarmd at %s)\n", count_of(res, "keys"),
+               count_of(res, "compiled"), count_of(res, "hits"), failed,
+               cJSON_IsNumber(secs) ? secs->valuedouble : 0.0, path);
+    }
+    if (failed > 0)
+        print_failed(res, failed);
+    cJSON_Delete(res);
+    return failed > 0 ? KW_CLI_RUNTIME : KW_CLI_OK;
+}
+
+/* Sends the warmup of the loaded model in o; prints its outcome. */
+static int warmup_run(warm_opts *o, const char *config, const char *dep)
+{
+    kw_client *c = NULL;
+    char *result = NULL;
+    bool tty = isatty(STDERR_FILENO);
+    int rc = connect_to("warmup", o->socket, &c);
+    if (rc != KW_CLI_OK)
+        return rc;
+    kw_client_set_timeout(c, 0); /* progress comes as compiles finish */
+    rc = kw_client_warmup(c, config, dep, o->a.model, on_progress, &tty,
+                          &result);
+    if (rc < 0)
+        rc = request_failed("warmup", c, rc);
+    else
+        rc = print_result(result, o, kw_client_path(c));
+    free(result);
+    kw_client_close(c);
+    return rc;
+}
+
+/* Parses warmup's arguments; returns -1 to go on, else an exit code. */
+static int warmup_parse(warm_opts *o, int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        int rc = kw__cli_model_arg(&o->a, "warmup", argc, argv, &i);
+        if (rc == 0)
+            rc = socket_arg("warmup", argc, argv, &i, &o->socket);
+        if (rc < 0)
+            return -rc;
+        if (rc > 0)
+            continue;
+        if (strcmp(argv[i], "--json") == 0)
+            o->json = true;
+        else if (is_help(argv[i]))
+            return print_usage(warmup_usage, true);
+        else
+            return unknown_arg("warmup", argv[i]);
+    }
+    return -1;
+}
+
+int kw__cli_warmup(int argc, char **argv)
+{
+    warm_opts o = {.socket = NULL, .json = false};
+    char *config = NULL, *dep = NULL;
+    kw__cli_model_init(&o.a);
+    int rc = warmup_parse(&o, argc, argv);
+    /* Load locally first: bad input gets kwarm keys' exact message and
+     * exit 2 without a daemon in the loop. */
+    if (rc < 0 && (rc = kw__cli_model_load(&o.a, "warmup")) == KW_CLI_OK)
+        rc = read_config(o.a.model, &config);
+    if (rc < 0 && (dep = deploy_json(&o.a.dep)) == NULL) {
+        kw__cli_err("warmup", "%s", kw_strerror(KW_ENOMEM));
+        rc = KW_CLI_RUNTIME;
+    }
+    if (rc < 0)
+        rc = warmup_run(&o, config, dep);
+    free(dep);
+    free(config);
+    kw__cli_model_destroy(&o.a);
+    return rc;
+}
