@@ -1,9 +1,10 @@
 # kwarm: the two commands of the README.  CMake does the real build; this
 # file only sequences set-up, build, run and test.
 #
-#   make run    install missing Debian packages (as root), build, prewarm
-#               the embedded default (DeepSeek-V3.2) into a cache under the
-#               build tree and print the summary and the cache's stats
+#   make run    install missing Debian packages (as root), build, start
+#               kwarmd on a socket and cache under the build tree, warm the
+#               embedded default (DeepSeek-V3.2) through it, fetch one
+#               kernel, print the stats, stop the daemon
 #   make test   the same set-up, then every test, in a normal build and in
 #               an ASan/UBSan build
 
@@ -33,10 +34,7 @@ build-asan: deps
 	cmake --build $(ASAN_BUILD) -j$(JOBS)
 
 run: build
-	@echo "== kwarm prewarm --model $(MODEL) --cache $(BUILD)/cache"
-	@$(BUILD)/kwarm prewarm --model $(MODEL) --cache $(BUILD)/cache
-	@echo "== kwarm stats --cache $(BUILD)/cache --json"
-	@$(BUILD)/kwarm stats --cache $(BUILD)/cache --json
+	@scripts/run-demo.sh $(BUILD) $(MODEL)
 
 test: build build-asan
 	@echo "== tests ($(BUILD))"

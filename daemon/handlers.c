@@ -278,12 +278,21 @@ static void handle_warmup(kw__conn *c, const cJSON *hdr)
 static int get_reply(kw__conn *c, const uint8_t *digest, bool compiled,
                      bool report_miss)
 {
-    void *blob = NULL;
-    size_t len = 0;
+    size_t cap = 0, len = 0;
     kw_cache_info info;
     char hex[KW_KEYS_HEX_LEN];
-    int rc = kw_cache_get(c->d->cache, digest, &blob, &len, &info);
+    void *blob = kw__conn_take_buffer(c, 64 * 1024, &cap);
+    int rc = blob ? kw_cache_get_into(c->d->cache, digest, blob, cap, &len, &info)
+                  : KW_ENOMEM;
+    if (rc == KW_ENOSPC) { /* bigger than the buffer: grow it once */
+        void *b = realloc(blob, len);
+        rc = b ? kw_cache_get_into(c->d->cache, digest, b, len, &len, &info)
+               : KW_ENOMEM;
+        blob = b ? b : blob;
+        cap = b ? len : cap;
+    }
     if (rc < 0) {
+        free(blob);
         if (report_miss || (rc != KW_ENOTFOUND && rc != KW_ECORRUPT))
             kw__conn_error(c, rc, NULL, false);
         return rc;
@@ -296,7 +305,7 @@ static int get_reply(kw__conn *c, const uint8_t *digest, bool compiled,
     cJSON_AddStringToObject(h, "entry", info.entry);
     cJSON_AddNumberToObject(h, "size", (double)len);
     cJSON_AddBoolToObject(h, "compiled", compiled);
-    kw__conn_send_owned(c, KW_PROTO_RESULT, h, blob, len); /* takes blob */
+    kw__conn_send_owned(c, KW_PROTO_RESULT, h, blob, len, cap); /* takes blob */
     cJSON_Delete(h);
     return 0;
 }

@@ -55,6 +55,8 @@ struct kw__conn {
     int refs;        /* compile callbacks still to come */
     int handles;     /* uv handles not yet closed (pipe, timer) */
     kw__conn *next_backlog;
+    void *spare;      /* a reply buffer to reuse (no malloc/page faults per get) */
+    size_t spare_cap;
     bool closing;
     bool paused;
     bool in_backlog;
@@ -66,10 +68,15 @@ struct kw__conn {
 void kw__conn_send(kw__conn *c, uint16_t type, const cJSON *header,
                    const void *payload, size_t payload_len);
 
-/* Sends a frame whose payload (malloc'd) is handed over: written after the
- * encoded header without a copy and freed once written. */
+/* Sends a frame whose payload (malloc'd, cap bytes) is handed over: written
+ * after the encoded header without a copy, then kept as c's spare reply
+ * buffer (kw__conn_take_buffer) or freed. */
 void kw__conn_send_owned(kw__conn *c, uint16_t type, const cJSON *header,
-                         void *payload, size_t payload_len);
+                         void *payload, size_t payload_len, size_t cap);
+
+/* A reply buffer of at least min bytes: c's spare one when big enough,
+ * else a new allocation; *cap gets its size.  NULL when out of memory. */
+void *kw__conn_take_buffer(kw__conn *c, size_t min, size_t *cap);
 
 /* Sends an ERROR frame {"error", "code"} for code and message. */
 void kw__conn_error(kw__conn *c, int code, const char *msg, bool close_after);

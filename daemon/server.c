@@ -27,23 +27,43 @@ typedef struct write_req {
     bool close_after;
     uint8_t *frame;   /* owned */
     void *payload;    /* owned, sent after frame without a copy; or NULL */
+    size_t payload_cap;
 } write_req;
+
+static void conn_free(kw__conn *c)
+{
+    free(c->spare);
+    free(c->buf);
+    free(c);
+}
 
 static void on_handle_closed(uv_handle_t *h)
 {
     kw__conn *c = h->data;
     if (--c->handles > 0 || c->refs > 0)
         return;
-    free(c->buf);
-    free(c);
+    conn_free(c);
 }
 
 void kw__conn_unref(kw__conn *c)
 {
-    if (--c->refs == 0 && c->closing && c->handles == 0) {
-        free(c->buf);
-        free(c);
+    if (--c->refs == 0 && c->closing && c->handles == 0)
+        conn_free(c);
+}
+
+void *kw__conn_take_buffer(kw__conn *c, size_t min, size_t *cap)
+{
+    void *b = c->spare;
+    if (b != NULL && c->spare_cap >= min) {
+        *cap = c->spare_cap;
+        c->spare = NULL;
+        return b;
     }
+    if ((b = realloc(b, min)) == NULL)
+        return NULL; /* the spare, if any, is still c's */
+    c->spare = NULL;
+    *cap = min;
+    return b;
 }
 
 void kw__conn_close(kw__conn *c)
@@ -68,16 +88,22 @@ static void on_written(uv_write_t *req, int status)
     write_req *w = (write_req *)req;
     if (status < 0 || w->close_after)
         kw__conn_close(w->conn);
+    /* Keep one payload buffer for the connection's next reply: gets of
+     * large cubins then cost no allocation and no page faults. */
+    if (w->payload != NULL && w->conn->spare == NULL && !w->conn->closing) {
+        w->conn->spare = w->payload;
+        w->conn->spare_cap = w->payload_cap;
+    } else
+        free(w->payload);
     kw__conn_unref(w->conn);
     free(w->frame);
-    free(w->payload);
     free(w);
 }
 
 /* Queues frame and then payload (both owned; payload may be NULL) for
  * writing to c in one writev. */
 static void send_bufs(kw__conn *c, uint8_t *frame, size_t len, void *payload,
-                      size_t plen, bool close_after)
+                      size_t plen, size_t pcap, bool close_after)
 {
     write_req *w = calloc(1, sizeof *w);
     if (c->closing || w == NULL) {
@@ -89,6 +115,7 @@ static void send_bufs(kw__conn *c, uint8_t *frame, size_t len, void *payload,
     w->conn = c;
     w->frame = frame;
     w->payload = payload;
+    w->payload_cap = pcap;
     w->close_after = close_after;
     uv_buf_t b[2] = {uv_buf_init((char *)frame, (unsigned)len),
                      uv_buf_init(payload, (unsigned)plen)};
@@ -105,11 +132,11 @@ static void send_bufs(kw__conn *c, uint8_t *frame, size_t len, void *payload,
 
 static void send_frame(kw__conn *c, uint8_t *frame, size_t len, bool close_after)
 {
-    send_bufs(c, frame, len, NULL, 0, close_after);
+    send_bufs(c, frame, len, NULL, 0, 0, close_after);
 }
 
 void kw__conn_send_owned(kw__conn *c, uint16_t type, const cJSON *header,
-                         void *payload, size_t payload_len)
+                         void *payload, size_t payload_len, size_t cap)
 {
     uint8_t *frame = NULL;
     size_t len = 0;
@@ -119,7 +146,7 @@ void kw__conn_send_owned(kw__conn *c, uint16_t type, const cJSON *header,
         kw__conn_error(c, rc, "reply could not be encoded", false);
         return;
     }
-    send_bufs(c, frame, len, payload, payload_len, false);
+    send_bufs(c, frame, len, payload, payload_len, cap, false);
 }
 
 void kw__conn_send(kw__conn *c, uint16_t type, const cJSON *header,
