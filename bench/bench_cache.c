@@ -26,6 +26,7 @@
 #include "kw_config.h"
 #include "kw_err.h"
 #include "kw_keys.h"
+#include "bench_util.h"
 
 typedef struct blob {
     uint8_t digest[KW_KEYS_DIGEST_LEN];
@@ -35,43 +36,11 @@ typedef struct blob {
     char path[512], meta[512];
 } blob;
 
-static double now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e9 + ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* p-th percentile (0..100) of n sorted samples. */
 static double pct(const double *s, size_t n, double p)
 {
     size_t i = (size_t)(p / 100.0 * (double)(n - 1) + 0.5);
     return s[i < n ? i : n - 1];
-}
-
-static int derive(const char *model, kw_keys_set *set)
-{
-    char err[KW_CONFIG_ERRLEN];
-    kw_config_model m;
-    kw_config_deploy d;
-    kw_config_deploy_init(&d);
-    int rc = kw_config_deploy_set_flag(&d, KW_CONFIG_DCP_WORLD, "2", err, sizeof err);
-    if (rc == 0 && (rc = kw_config_load(&m, model, NULL, err, sizeof err)) == 0) {
-        rc = kw_config_resolve(&d, &m, err, sizeof err);
-        if (rc == 0)
-            rc = kw_keys_derive(&m, &d, set, err, sizeof err);
-        kw_config_model_destroy(&m);
-    }
-    kw_config_deploy_destroy(&d);
-    if (rc < 0)
-        fprintf(stderr, "bench_cache: %s\n", err);
-    return rc;
 }
 
 /* Writes one file; returns 0 or -1. */
@@ -149,7 +118,7 @@ static double one_hit(int m, kw_cache *c, const blob *b, uint8_t *buf,
 {
     size_t len = 0;
     char meta[512];
-    double t0 = now_ns();
+    double t0 = bench_now_ns();
     if (m == M_KWARM) {
         if (kw_cache_get_into(c, b->digest, buf, cap, &len, NULL) < 0)
             return -1;
@@ -159,7 +128,7 @@ static double one_hit(int m, kw_cache *c, const blob *b, uint8_t *buf,
             return -1;
     } else
         memcpy(buf, b->data, b->len);
-    double t = now_ns() - t0;
+    double t = bench_now_ns() - t0;
     /* Keep the copy observable so the compiler cannot drop it. */
     if (buf[b->len / 2] != ((const uint8_t *)b->data)[b->len / 2])
         return -1;
@@ -184,7 +153,7 @@ int main(int argc, char **argv)
     }
     kw_keys_set set;
     char dir[] = "/tmp/kw-bench-cache-XXXXXX", files[600], err[512];
-    if (derive(model, &set) < 0 || mkdtemp(dir) == NULL)
+    if (bench_derive(model, "2", "all", &set) < 0 || mkdtemp(dir) == NULL)
         return 1;
     snprintf(files, sizeof files, "%s/files", dir);
     mkdir(files, 0700);
@@ -209,14 +178,14 @@ int main(int argc, char **argv)
                 fprintf(stderr, "bench_cache: %s failed\n", method_names[m]);
                 return 1;
             }
-        qsort(s[m], iters, sizeof *s[m], cmp_double);
+        qsort(s[m], iters, sizeof *s[m], bench_cmp_double);
     }
     double *cs = malloc(set.nkeys * sizeof *cs), bytes = 0;
     for (size_t i = 0; i < set.nkeys; i++) {
         cs[i] = b[i].compile_s * 1e9;
         bytes += (double)b[i].len;
     }
-    qsort(cs, set.nkeys, sizeof *cs, cmp_double);
+    qsort(cs, set.nkeys, sizeof *cs, bench_cmp_double);
     printf("%zu cubins of %.1f KB on average, %zu hits each way\n\n", set.nkeys,
            bytes / set.nkeys / 1024, iters);
     printf("%-42s %12s %12s %10s\n", "", "p50 us", "p99 us", "vs kwarm");

@@ -15,37 +15,12 @@
 #include "kw_config.h"
 #include "kw_err.h"
 #include "kw_keys.h"
+#include "bench_util.h"
 
 typedef struct fam {
     double *secs;
     size_t n, bytes, failed;
 } fam;
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static int derive(const char *model, const char *world, kw_keys_set *set)
-{
-    char err[KW_CONFIG_ERRLEN];
-    kw_config_model m;
-    kw_config_deploy d;
-    kw_config_deploy_init(&d);
-    int rc = kw_config_deploy_set_flag(&d, KW_CONFIG_DCP_WORLD, world, err,
-                                       sizeof err);
-    if (rc == 0 && (rc = kw_config_load(&m, model, NULL, err, sizeof err)) == 0) {
-        rc = kw_config_resolve(&d, &m, err, sizeof err);
-        if (rc == 0)
-            rc = kw_keys_derive(&m, &d, set, err, sizeof err);
-        kw_config_model_destroy(&m);
-    }
-    kw_config_deploy_destroy(&d);
-    if (rc < 0)
-        fprintf(stderr, "bench_compile: %s\n", err);
-    return rc;
-}
 
 /* Compiles every key once, sorting times into their family. */
 static void compile_all(const kw_keys_set *set, fam *fams)
@@ -77,7 +52,7 @@ static void report(fam *fams, FILE *json)
         fam *x = &fams[f];
         double p50 = 0, max = 0;
         if (x->n > 0) {
-            qsort(x->secs, x->n, sizeof *x->secs, cmp_double);
+            qsort(x->secs, x->n, sizeof *x->secs, bench_cmp_double);
             p50 = x->secs[x->n / 2];
             max = x->secs[x->n - 1];
         }
@@ -114,7 +89,7 @@ int main(int argc, char **argv)
         i++;
     }
     kw_keys_set set;
-    if (derive(model, world, &set) < 0)
+    if (bench_derive(model, world, "all", &set) < 0)
         return 2;
     fam fams[KW_K_NFAMILIES] = {{0}};
     double *secs = calloc(set.nkeys + 1, sizeof *secs);

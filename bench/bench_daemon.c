@@ -29,25 +29,13 @@
 #include "kw_cache.h"
 #include "kw_err.h"
 #include "kw_proto.h"
+#include "bench_util.h"
 
 #define NBLOBS 32
 #define LAT_ITERS 20000
 
 static const size_t sizes[] = {4 * 1024, 50 * 1024, 200 * 1024};
 static const int client_counts[] = {1, 8, 64};
-
-static double now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e9 + ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static int unix_connect(const char *path)
 {
@@ -285,7 +273,7 @@ static void *tp_thread(void *arg)
     int fd = a->t->path ? unix_connect(a->t->path) : 0;
     if (fd < 0 || buf == NULL)
         a->failed = 1;
-    for (size_t i = 0; !a->failed && now_ns() < a->deadline; i++) {
+    for (size_t i = 0; !a->failed && bench_now_ns() < a->deadline; i++) {
         if (one_get(a->t, fd, i, buf, cap) < 0)
             a->failed = 1;
         else
@@ -302,7 +290,7 @@ static double throughput(const target *t, int clients, double secs)
 {
     pthread_t tid[64];
     tp_arg a[64];
-    double t0 = now_ns(), total = 0;
+    double t0 = bench_now_ns(), total = 0;
     for (int i = 0; i < clients; i++) {
         a[i] = (tp_arg){t, t0 + secs * 1e9, 0, 0};
         pthread_create(&tid[i], NULL, tp_thread, &a[i]);
@@ -313,7 +301,7 @@ static double throughput(const target *t, int clients, double secs)
         if (a[i].failed)
             return -1;
     }
-    return total / ((now_ns() - t0) / 1e9);
+    return total / ((bench_now_ns() - t0) / 1e9);
 }
 
 /* p50 and p99 of a persistent client's gets, in microseconds. */
@@ -324,15 +312,15 @@ static int latency(const target *t, double *p50, double *p99)
     uint8_t *buf = malloc(cap);
     int fd = t->path ? unix_connect(t->path) : 0, rc = fd < 0 ? -1 : 0;
     for (size_t i = 0; rc == 0 && i < LAT_ITERS + 1000; i++) {
-        double t0 = now_ns();
+        double t0 = bench_now_ns();
         rc = one_get(t, fd, i, buf, cap);
         if (i >= 1000) /* the first thousand warm up */
-            s[i - 1000] = (now_ns() - t0) / 1e3;
+            s[i - 1000] = (bench_now_ns() - t0) / 1e3;
     }
     if (t->path && fd >= 0)
         close(fd);
     free(buf);
-    qsort(s, LAT_ITERS, sizeof *s, cmp_double);
+    qsort(s, LAT_ITERS, sizeof *s, bench_cmp_double);
     *p50 = s[LAT_ITERS / 2];
     *p99 = s[LAT_ITERS * 99 / 100];
     return rc;

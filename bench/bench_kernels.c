@@ -18,6 +18,7 @@
 #include "kw_cuda.h"
 #include "kw_err.h"
 #include "kw_keys.h"
+#include "bench_util.h"
 
 typedef struct opts {
     const char *model, *json, *dump;
@@ -146,30 +147,6 @@ static int bench_key(kw_cuda *cu, const kw_keys_key *k, const opts *o,
     return rc;
 }
 
-/* Derives the model's keys under DCP world 8, rank 0. */
-static int derive(const char *model, kw_keys_set *set)
-{
-    char err[KW_CONFIG_ERRLEN];
-    kw_config_model m;
-    kw_config_deploy d;
-    kw_config_deploy_init(&d);
-    int rc = kw_config_deploy_set_flag(&d, KW_CONFIG_DCP_WORLD, "8", err, sizeof err);
-    if (rc == 0)
-        rc = kw_config_deploy_set_flag(&d, KW_CONFIG_DCP_RANK, "0", err, sizeof err);
-    if (rc == 0)
-        rc = kw_config_load(&m, model, NULL, err, sizeof err);
-    if (rc == 0) {
-        rc = kw_config_resolve(&d, &m, err, sizeof err);
-        if (rc == 0)
-            rc = kw_keys_derive(&m, &d, set, err, sizeof err);
-        kw_config_model_destroy(&m);
-    }
-    kw_config_deploy_destroy(&d);
-    if (rc < 0)
-        fprintf(stderr, "bench_kernels: %s\n", err);
-    return rc;
-}
-
 static void print_rows(FILE *json, const row *rows, size_t n, double copy,
                        const char *dev)
 {
@@ -229,7 +206,7 @@ int main(int argc, char **argv)
         return 1;
     }
     kw_cuda_device_info(cu, name, sizeof name, NULL, NULL, NULL);
-    if (derive(o.model, &set) < 0)
+    if (bench_derive(o.model, "8", "0", &set) < 0)
         return 2;
     double copy = copy_gbps(cu, o.iters);
     row *rows = calloc(set.nkeys, sizeof *rows);

@@ -82,6 +82,10 @@ struct kw_cache_stats;
 void kw__cli_print_stats(const struct kw_cache_stats *st, const char *dir,
                          bool json);
 
+/* Writes len bytes to path through a temporary file and rename(), so a
+ * reader never sees half a cubin.  Returns 0 or -errno. */
+int kw__cli_write_atomic(const char *path, const void *data, size_t len);
+
 /* The commands. */
 int kw__cli_keys(int argc, char **argv);
 int kw__cli_verify(int argc, char **argv);

@@ -108,34 +108,6 @@ static int key_from_flags(const get_opts *o, kw_keys_key *k)
     return kw_keys_digest(k, k->digest) < 0 ? -1 : 0;
 }
 
-/* Writes len bytes to path through a temporary file and rename, so a
- * reader never sees half a cubin. */
-static int write_atomic(const char *path, const void *data, size_t len)
-{
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >=
-        (int)sizeof tmp)
-        return -ENAMETOOLONG;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0)
-        return -errno;
-    const char *p = data;
-    int rc = 0;
-    for (size_t off = 0; off < len && rc == 0;) {
-        ssize_t w = write(fd, p + off, len - off);
-        if (w < 0 && errno != EINTR)
-            rc = -errno;
-        else if (w > 0)
-            off += (size_t)w;
-    }
-    if (close(fd) < 0 && rc == 0)
-        rc = -errno;
-    if (rc == 0 && rename(tmp, path) < 0)
-        rc = -errno;
-    if (rc < 0)
-        unlink(tmp);
-    return rc;
-}
 
 /* Opens an existing cache directory for cmd; prints the error and
  * returns an exit code on failure. */
@@ -204,7 +176,7 @@ static int get_fetch(const get_opts *o, const uint8_t *digest)
     if (rc != KW_CLI_OK)
         return rc;
     rc = kw_cache_get(c, digest, &blob, &len, &info);
-    if (rc == 0 && (rc = write_atomic(o->out, blob, len)) < 0)
+    if (rc == 0 && (rc = kw__cli_write_atomic(o->out, blob, len)) < 0)
         kw__cli_err("get", "-o %s: %s", o->out, kw_strerror(rc));
     else if (rc < 0)
         kw__cli_err("get", "%s: %s in %s", hex, rc == KW_ENOTFOUND ?

@@ -346,7 +346,7 @@ static int fields_json(const get_opts *o, char **json)
 
 /* Writes len bytes to path through a temporary file in its directory and
  * rename(), so a reader never sees half a cubin.  0 or -errno. */
-static int write_atomic(const char *path, const void *data, size_t len)
+int kw__cli_write_atomic(const char *path, const void *data, size_t len)
 {
     size_t n = strlen(path);
     char *tmp = malloc(n + sizeof ".tmp.XXXXXX");
@@ -420,7 +420,7 @@ int kw__cli_get_socket(int argc, char **argv)
     if ((rc = connect_to("get", o.socket, &c)) != KW_CLI_OK)
         return rc;
     if ((rc = get_fetch(&o, c, &k)) == KW_CLI_OK) {
-        int w = write_atomic(o.out, k.cubin, k.len);
+        int w = kw__cli_write_atomic(o.out, k.cubin, k.len);
         if (w < 0) {
             kw__cli_err("get", "-o %s: %s", o.out, strerror(-w));
             rc = KW_CLI_RUNTIME;
