@@ -23,7 +23,8 @@
     XX(EDEPLOY, -1013, "invalid deployment")                               \
     XX(ENOSPC, -1014, "buffer too small")                                  \
     XX(EMISMATCH, -1015, "kernel output differs from its reference")       \
-    XX(ENOFAMILY, -1016, "unknown kernel family")
+    XX(ENOFAMILY, -1016, "unknown kernel family")                          \
+    XX(EREMOTE, -1017, "remote cache (Redis) unavailable or failed")
 
 #ifdef __cplusplus
 extern "C" {

@@ -5,7 +5,7 @@ set -euo pipefail
 
 pkgs=(gcc make cmake pkg-config libcjson-dev libsodium-dev liblmdb-dev
       libuv1-dev libxxhash-dev libhiredis-dev libsystemd-dev libcriterion-dev
-      python3 systemd)
+      python3 systemd redis-server)
 
 missing=()
 for p in "${pkgs[@]}"; do
