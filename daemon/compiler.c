@@ -28,6 +28,7 @@ struct kw__compiler {
     uv_loop_t *loop;
     uv_async_t async; /* owned by the loop thread; wakes it for done */
     kw_cache *cache;
+    kw_remote *remote; /* fleet tier, or NULL; thread-safe itself */
     pthread_t *threads;
     unsigned nthreads;
     pthread_mutex_t lock; /* guards todo_head/tail, done, stopping */
@@ -43,37 +44,77 @@ struct kw__compiler {
     void *stop_arg;
 };
 
-/* Stores a compiled key in the cache; returns the put's code. */
-static int store(kw_cache *cache, const kw_keys_key *k, const kw_jit_result *r)
+/* Fills the metadata stored beside a compiled key. */
+static void fill_info(kw_cache_info *info, const kw_keys_key *k,
+                      const kw_jit_result *r)
 {
-    kw_cache_info info;
     int major = 0, minor = 0;
-    bool stored;
-    memset(&info, 0, sizeof info);
+    memset(info, 0, sizeof *info);
     kw_jit_version(&major, &minor);
-    snprintf(info.family, sizeof info.family, "%s", kw_keys_family_name(k->family));
-    info.nfields = (uint32_t)kw_keys_nfields(k->family);
-    memcpy(info.fields, k->fields, info.nfields * sizeof k->fields[0]);
-    snprintf(info.arch, sizeof info.arch, "%s", k->arch);
-    snprintf(info.entry, sizeof info.entry, "%s", r->lowered_name ? r->lowered_name : "");
-    snprintf(info.nvrtc, sizeof info.nvrtc, "%d.%d", major, minor);
-    info.compile_seconds = r->seconds;
-    return kw_cache_put(cache, k->digest, &info, r->cubin, r->cubin_len, false,
-                        &stored);
+    snprintf(info->family, sizeof info->family, "%s", kw_keys_family_name(k->family));
+    info->nfields = (uint32_t)kw_keys_nfields(k->family);
+    memcpy(info->fields, k->fields, info->nfields * sizeof k->fields[0]);
+    snprintf(info->arch, sizeof info->arch, "%s", k->arch);
+    snprintf(info->entry, sizeof info->entry, "%s", r->lowered_name ? r->lowered_name : "");
+    snprintf(info->nvrtc, sizeof info->nvrtc, "%d.%d", major, minor);
+    info->compile_seconds = r->seconds;
 }
+
+/* ---- fleet tier (issue 6) -------------------------------------------- */
+
+/* kw_remote_stop_fn: a worker waiting on another node's lease gives up
+ * when the compiler stops. */
+static bool is_stopping(void *arg)
+{
+    kw__compiler *c = arg;
+    pthread_mutex_lock(&c->lock);
+    bool stop = c->stopping != 0;
+    pthread_mutex_unlock(&c->lock);
+    return stop;
+}
+
+/* Compiles one key and stores it; with a fleet tier, asks it first (a
+ * fetched entry is backfilled and nothing is compiled: returns
+ * KW__COMPILE_FETCHED) and writes the result back after.  Returns the
+ * flight's code; *log gets the NVRTC log (malloc'd) on failure. */
+static int compile_key(kw__compiler *c, flight *f, char **log)
+{
+    kw_remote_lease lease;
+    if (c->remote != NULL &&
+        kw_remote_begin(c->remote, c->cache, f->key.digest, is_stopping, c,
+                        &lease) == 0) {
+        return KW__COMPILE_FETCHED;
+    }
+    if (c->remote != NULL && is_stopping(c)) { /* gave up waiting: stop */
+        kw_remote_end(c->remote, &lease, NULL, NULL, 0);
+        return -ECANCELED;
+    }
+    kw_jit_result r;
+    kw_cache_info info = {0};
+    bool stored;
+    int rc = kw_keys_compile(&f->key, false, &r);
+    if (rc == 0) {
+        fill_info(&info, &f->key, &r);
+        rc = kw_cache_put(c->cache, f->key.digest, &info, r.cubin, r.cubin_len,
+                          false, &stored);
+    }
+    if (c->remote != NULL)
+        kw_remote_end(c->remote, &lease, &info, rc == 0 ? r.cubin : NULL,
+                      rc == 0 ? r.cubin_len : 0);
+    kw_cache_count(c->cache, rc == 0 ? KW_CACHE_COMPILES
+                                     : KW_CACHE_COMPILE_FAILURES, 1);
+    if (rc < 0 && r.log != NULL)
+        *log = strdup(r.log);
+    kw_jit_result_destroy(&r);
+    return rc;
+}
+
+/* ---- end of fleet tier ------------------------------------------------ */
 
 /* Compiles one flight on a worker thread and queues it as done. */
 static void run_flight(kw__compiler *c, flight *f)
 {
-    kw_jit_result r;
-    f->rc = kw_keys_compile(&f->key, false, &r);
-    if (f->rc == 0)
-        f->rc = store(c->cache, &f->key, &r);
-    kw_cache_count(c->cache, f->rc == 0 ? KW_CACHE_COMPILES
-                                        : KW_CACHE_COMPILE_FAILURES, 1);
-    if (f->rc < 0 && r.log != NULL)
-        f->log = strdup(r.log);
-    kw_jit_result_destroy(&r);
+    f->rc = compile_key(c, f, &f->log);
     pthread_mutex_lock(&c->lock);
     f->next = c->done;
     c->done = f;
@@ -118,6 +159,8 @@ static void unlink_flight(kw__compiler *c, flight *f)
 static void complete(kw__compiler *c, flight *f)
 {
     unlink_flight(c, f);
+    if (f->rc == KW__COMPILE_FETCHED)
+        c->started--; /* the fleet had it: no compile after all */
     for (size_t i = 0; i < f->nwaiters; i++)
         f->waiters[i].cb(f->rc, f->log, f->waiters[i].arg);
     free(f->waiters);
@@ -141,13 +184,14 @@ static void on_async(uv_async_t *h)
 }
 
 int kw__compiler_start(kw__compiler **out, uv_loop_t *loop, kw_cache *cache,
-                       unsigned jobs)
+                       kw_remote *remote, unsigned jobs)
 {
     kw__compiler *c = calloc(1, sizeof *c);
     if (c == NULL)
         return KW_ENOMEM;
     c->loop = loop;
     c->cache = cache;
+    c->remote = remote;
     c->threads = calloc(jobs ? jobs : 1, sizeof *c->threads);
     int rc = c->threads ? 0 : KW_ENOMEM;
     if (rc == 0 && (rc = -pthread_mutex_init(&c->lock, NULL)) == 0 &&

@@ -19,18 +19,28 @@
 
 #include "kw_cache.h"
 #include "kw_keys.h"
+#include "kw_remote.h"
 
 typedef struct kw__compiler kw__compiler;
 
+/* rc of a compile callback when the fleet tier had the entry: it is now in
+ * the local cache and nothing was compiled. */
+#define KW__COMPILE_FETCHED 1
+
 /* Called on the loop thread when the compile a request joined is over:
- * rc is 0 (the entry is now in the cache) or a negative code; log is the
- * NVRTC log on failure (borrowed for the call), else NULL. */
+ * rc is 0 (compiled; the entry is now in the cache), KW__COMPILE_FETCHED
+ * (fetched from the fleet tier into the cache) or a negative code; log is
+ * the NVRTC log on failure (borrowed for the call), else NULL. */
 typedef void (*kw__compile_cb)(int rc, const char *log, void *arg);
 
-/* Starts `jobs` worker threads compiling into cache.  Returns 0 or a
- * negative code; *out untouched on error. */
+/* Starts `jobs` worker threads compiling into cache.  remote (borrowed,
+ * may be NULL: no fleet tier) must outlive the compiler: before compiling
+ * a key a worker asks the fleet (kw_remote_begin: fetch, or the fleet's
+ * lease, or a bounded wait on its holder), and after a compile it writes
+ * the entry back (kw_remote_end).  Returns 0 or a negative code; *out
+ * untouched on error. */
 int kw__compiler_start(kw__compiler **out, uv_loop_t *loop, kw_cache *cache,
-                       unsigned jobs);
+                       kw_remote *remote, unsigned jobs);
 
 /* Asks for key k to be compiled into the cache; cb(arg) is called once,
  * later, on the loop thread (never from inside this call).  Returns 0, or
@@ -38,7 +48,9 @@ int kw__compiler_start(kw__compiler **out, uv_loop_t *loop, kw_cache *cache,
 int kw__compiler_submit(kw__compiler *c, const kw_keys_key *k,
                         kw__compile_cb cb, void *arg);
 
-/* Compiles started so far (one per distinct key in flight at a time). */
+/* Compiles started so far (one per distinct key in flight at a time),
+ * less the keys the fleet tier resolved without a compile (known once
+ * their flight completes). */
 uint64_t kw__compiler_started(const kw__compiler *c);
 
 /* Keys queued or compiling now. */

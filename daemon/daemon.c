@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <sodium.h>
 #include <systemd/sd-daemon.h>
 
 #include "kw_err.h"
@@ -87,14 +88,48 @@ static void on_signal(uv_signal_t *s, int signum)
         kw__conn_close(d->conns);
 }
 
+/* Opens the fleet tier of --remote (issue 6): the key file is checked
+ * here, so a bad one stops kwarmd before it serves; a Redis that is down
+ * is not an error (the tier reconnects with backoff).  The password comes
+ * from the key file, else $KWARM_REMOTE_PASSWORD. */
+static int open_remote(kw__daemon *d, char *err, size_t errlen)
+{
+    const kw_daemon_opts *o = d->opts;
+    kw_remote_opts ro = {.timeout_ms = o->remote_timeout_ms,
+                         .lease_ms = o->remote_lease_ms};
+    const char *pw = getenv("KWARM_REMOTE_PASSWORD");
+    if (o->remote_url[0] == '\0')
+        return 0;
+    int rc = kw_remote_parse_url(o->remote_url, &ro.addr);
+    if (rc < 0)
+        snprintf(err, errlen, "--remote %s: not redis://HOST:PORT[/DB]", o->remote_url);
+    if (rc == 0 && o->remote_key_file[0] == '\0') {
+        snprintf(err, errlen, "--remote needs --remote-key-file");
+        rc = KW_EINVAL;
+    }
+    if (rc == 0)
+        rc = kw_remote_load_key(o->remote_key_file, &ro, err, errlen);
+    if (rc == 0 && ro.password[0] == '\0' && pw != NULL &&
+        snprintf(ro.password, sizeof ro.password, "%s", pw) >= (int)sizeof ro.password) {
+        snprintf(err, errlen, "$KWARM_REMOTE_PASSWORD: too long");
+        rc = KW_EINVAL;
+    }
+    if (rc == 0)
+        rc = kw_remote_open(&d->remote, &ro, err, errlen);
+    sodium_memzero(&ro, sizeof ro);
+    return rc;
+}
+
 /* Opens the cache and starts the compilers, listener, signals, timer. */
 static int start(kw__daemon *d, char *err, size_t errlen)
 {
     const kw_daemon_opts *o = d->opts;
     kw_cache_opts co = {.dir = o->cache_dir, .max_size = o->max_size};
-    int rc = kw_cache_open(&d->cache, &co, err, errlen);
+    int rc = open_remote(d, err, errlen);
+    if (rc == 0)
+        rc = kw_cache_open(&d->cache, &co, err, errlen);
     if (rc == 0 && (rc = kw__compiler_start(&d->compiler, &d->loop, d->cache,
-                                            o->jobs)) < 0)
+                                            d->remote, o->jobs)) < 0)
         snprintf(err, errlen, "compile workers: %s", kw_strerror(rc));
     if (rc == 0)
         rc = kw__daemon_listen(d, err, errlen);
@@ -134,14 +169,16 @@ int kw_daemon_run(const kw_daemon_opts *o, char *err, size_t errlen)
     if ((rc = start(&d, err, errlen)) < 0) {
         abort_start(&d);
     } else {
-        KW_LOG(KW_LOG_INFO, "kwarmd %s: cache %s, %u compile threads", d.version,
-               o->cache_dir, o->jobs);
+        KW_LOG(KW_LOG_INFO, "kwarmd %s: cache %s, %u compile threads%s%s",
+               d.version, o->cache_dir, o->jobs,
+               d.remote ? ", fleet tier " : "", d.remote ? o->remote_url : "");
         sd_notifyf(0, "READY=1\nSTATUS=serving %s", o->socket_path);
         uv_run(&d.loop, UV_RUN_DEFAULT);
         if (d.bound) /* ours to remove; systemd's socket is systemd's */
             unlink(o->socket_path);
     }
     kw_cache_close(d.cache);
+    kw_remote_close(d.remote); /* the workers are joined */
     int crc = uv_loop_close(&d.loop);
     if (rc == 0 && crc < 0) {
         snprintf(err, errlen, "uv_loop_close: %s (a handle leaked)", uv_strerror(crc));

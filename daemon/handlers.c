@@ -170,9 +170,12 @@ static void on_compiled(int rc, const char *log, void *arg)
     slot *s = arg;
     struct kw__req *r = s->req;
     kw__conn *c = r->conn;
-    r->status[s->index] = rc == 0 ? 'c' : 'f';
+    /* A key the fleet tier had (issue 6) is a hit: nothing compiled. */
+    r->status[s->index] = rc == 0 ? 'c' : rc == KW__COMPILE_FETCHED ? 'h' : 'f';
     if (rc == 0)
         r->compiled++;
+    else if (rc == KW__COMPILE_FETCHED)
+        r->hits++;
     else {
         r->failed++;
         KW_LOG(KW_LOG_WARNING, "compile of a %s key failed: %s",
@@ -185,8 +188,8 @@ static void on_compiled(int rc, const char *log, void *arg)
     if (last && !c->closing) {
         if (r->type == KW_PROTO_WARMUP)
             warmup_result(r);
-        else if (rc == 0)
-            get_reply(c, r->set.keys[0].digest, true, true);
+        else if (rc >= 0)
+            get_reply(c, r->set.keys[0].digest, rc == 0, true);
         else
             kw__conn_error(c, rc, log, false);
     }
@@ -415,6 +418,14 @@ static void handle_stats(kw__conn *c)
                             (double)kw__compiler_inflight(d->compiler));
     cJSON_AddNumberToObject(h, "protocol_errors", (double)d->protocol_errors);
     cJSON_AddNumberToObject(h, "refused", (double)d->refused);
+    kw_remote_stats rs = {0}; /* fleet tier (issue 6): zeros without one */
+    if (d->remote != NULL)
+        kw_remote_stats_get(d->remote, &rs);
+    cJSON_AddNumberToObject(h, "remote_hits", (double)rs.hits);
+    cJSON_AddNumberToObject(h, "remote_misses", (double)rs.misses);
+    cJSON_AddNumberToObject(h, "remote_errors", (double)rs.errors);
+    cJSON_AddNumberToObject(h, "remote_refused", (double)rs.refused);
+    cJSON_AddNumberToObject(h, "remote_puts", (double)rs.puts);
     kw__conn_send(c, KW_PROTO_RESULT, h, NULL, 0);
     cJSON_Delete(h);
 }

@@ -12,6 +12,7 @@
 #include "kw_cache.h"
 #include "kw_daemon.h"
 #include "kw_proto.h"
+#include "kw_remote.h"
 
 #define KW__FRAMES_PER_READ 16   /* requests parsed per read callback */
 #define KW__FLUSH_MS 2000        /* cache hit flush period */
@@ -29,6 +30,7 @@ typedef struct kw__daemon {
     uv_idle_t resume;   /* runs connections whose buffer still holds frames */
     kw__conn *backlog;  /* those connections, linked through next_backlog */
     kw_cache *cache;
+    kw_remote *remote; /* fleet tier, or NULL; thread-safe itself */
     kw__compiler *compiler;
     kw__conn *conns; /* every open connection */
     size_t nconns;

@@ -29,6 +29,11 @@ typedef struct kw_daemon_opts {
     gid_t allow_gid[KW_DAEMON_MAX_ALLOW];
     size_t nallow_gid;
     unsigned socket_mode;      /* 0660 */
+    /* Fleet tier (cache/kw_remote.h); remote_url "" : none. */
+    char remote_url[256];      /* redis://HOST:PORT[/DB] */
+    char remote_key_file[4096]; /* 32-byte fleet key [+ password line] */
+    unsigned remote_timeout_ms; /* per Redis call; 0: the default */
+    unsigned remote_lease_ms;   /* fleet compile lease; 0: the default */
 } kw_daemon_opts;
 
 /* Fills the defaults (socket /run/kwarm/kwarm.sock, or

@@ -18,11 +18,14 @@
 #include "kw_daemon.h"
 #include "kw_err.h"
 #include "kw_parse.h"
+#include "kw_remote.h"
 
 static const char usage[] =
     "usage: kwarmd [--socket PATH] [--cache DIR] [--jobs N] [--max-size SIZE]\n"
     "              [--allow-uid UID]... [--allow-gid GID]... [--idle-timeout MS]\n"
     "              [--socket-mode MODE]\n"
+    "              [--remote redis://HOST:PORT[/DB] --remote-key-file F]\n"
+    "              [--remote-timeout MS] [--remote-lease MS]\n"
     "              [--config FILE]\n"
     "\n"
     "The kwarm compile-cache daemon: serves compiled kernels to serving\n"
@@ -40,6 +43,13 @@ static const char usage[] =
     "  --idle-timeout MS   close connections silent this long (60000)\n"
     "  --socket-mode MODE  octal mode of a socket kwarmd creates (0660); the\n"
     "                      uid/gid allowlist is checked on every connection\n"
+    "  --remote URL        fleet tier: share compiled kernels through Redis\n"
+    "  --remote-key-file F fleet HMAC key: 32 bytes, mode 0600; an optional\n"
+    "                      line after them is the Redis password (else\n"
+    "                      $KWARM_REMOTE_PASSWORD; never on the command line)\n"
+    "  --remote-timeout MS timeout of every Redis call (1000)\n"
+    "  --remote-lease MS   fleet compile lease, and the longest wait on\n"
+    "                      another node compiling the same key (60000)\n"
     "  --config FILE       JSON object with these names, e.g. {\"jobs\": 4}\n"
     "  --version, --help\n";
 
@@ -142,6 +152,43 @@ static int set_allow_gid(kw_daemon_opts *o, const char *v)
     return 0;
 }
 
+/* ---- fleet tier (issue 6) ---- */
+
+static int set_remote(kw_daemon_opts *o, const char *v)
+{
+    kw_remote_addr a;
+    if (kw_remote_parse_url(v, &a) < 0)
+        return KW_EINVAL;
+    return set_str(o->remote_url, sizeof o->remote_url, v);
+}
+
+static int set_remote_key(kw_daemon_opts *o, const char *v)
+{
+    return set_str(o->remote_key_file, sizeof o->remote_key_file, v);
+}
+
+/* Milliseconds in [lo, hi] into *dst. */
+static int set_ms(unsigned *dst, const char *v, uint64_t lo, uint64_t hi)
+{
+    uint64_t n;
+    int rc = kw_parse_u64(v, hi, &n);
+    if (rc == 0 && n < lo)
+        rc = KW_EINVAL;
+    if (rc == 0)
+        *dst = (unsigned)n;
+    return rc;
+}
+
+static int set_remote_timeout(kw_daemon_opts *o, const char *v)
+{
+    return set_ms(&o->remote_timeout_ms, v, 10, 60000);
+}
+
+static int set_remote_lease(kw_daemon_opts *o, const char *v)
+{
+    return set_ms(&o->remote_lease_ms, v, 100, 3600 * 1000);
+}
+
 static const struct option_def {
     const char *name; /* flag without "--"; the --config member name */
     setter set;
@@ -155,6 +202,10 @@ static const struct option_def {
     {"allow-gid", set_allow_gid, "a gid or group name (at most 32)"},
     {"idle-timeout", set_idle, "milliseconds in [100, 86400000]"},
     {"socket-mode", set_socket_mode, "an octal mode like 0660 with 0600 set"},
+    {"remote", set_remote, "redis://HOST:PORT[/DB] (no password in it)"},
+    {"remote-key-file", set_remote_key, "a file path"},
+    {"remote-timeout", set_remote_timeout, "milliseconds in [10, 60000]"},
+    {"remote-lease", set_remote_lease, "milliseconds in [100, 3600000]"},
 };
 #define NOPTIONS (sizeof options / sizeof options[0])
 
@@ -247,6 +298,10 @@ static int parse_flags(kw_daemon_opts *o, int argc, char **argv)
             fprintf(stderr, "kwarmd: %s: '%.64s' is not %s\n", a, argv[i], def->what);
             return -1;
         }
+    }
+    if (o->remote_url[0] != '\0' && o->remote_key_file[0] == '\0') {
+        fprintf(stderr, "kwarmd: --remote needs --remote-key-file (the fleet key)\n");
+        return -1;
     }
     return 0;
 }
