@@ -2,6 +2,7 @@
 #include "internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -121,6 +122,27 @@ static int open_remote(kw__daemon *d, char *err, size_t errlen)
 }
 
 /* Opens the cache and starts the compilers, listener, signals, timer. */
+/* Takes <cache>/kwarmd.lock (a POSIX write lock, held while the fd is
+ * open): a second kwarmd on the same cache would double every compile and
+ * fight over the size limit, so it is refused.  Prewarms may still share
+ * the cache; they do not take this lock. */
+static int lock_cache(kw__daemon *d, char *err, size_t errlen)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/kwarmd.lock", d->opts->cache_dir);
+    d->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+    if (d->lock_fd >= 0 && fcntl(d->lock_fd, F_SETLK, &fl) == 0)
+        return 0;
+    int e = errno;
+    if (e == EACCES || e == EAGAIN)
+        snprintf(err, errlen, "--cache: %s: another kwarmd uses this cache",
+                 d->opts->cache_dir);
+    else
+        snprintf(err, errlen, "--cache: %s: %s", path, strerror(e));
+    return -e;
+}
+
 static int start(kw__daemon *d, char *err, size_t errlen)
 {
     const kw_daemon_opts *o = d->opts;
@@ -128,6 +150,8 @@ static int start(kw__daemon *d, char *err, size_t errlen)
     int rc = open_remote(d, err, errlen);
     if (rc == 0)
         rc = kw_cache_open(&d->cache, &co, err, errlen);
+    if (rc == 0)
+        rc = lock_cache(d, err, errlen);
     if (rc == 0 && (rc = kw__compiler_start(&d->compiler, &d->loop, d->cache,
                                             d->remote, o->jobs)) < 0)
         snprintf(err, errlen, "compile workers: %s", kw_strerror(rc));
@@ -158,7 +182,7 @@ static void abort_start(kw__daemon *d)
 
 int kw_daemon_run(const kw_daemon_opts *o, char *err, size_t errlen)
 {
-    kw__daemon d = {.opts = o};
+    kw__daemon d = {.opts = o, .lock_fd = -1};
     snprintf(d.version, sizeof d.version, "%s", KW_VERSION);
     signal(SIGPIPE, SIG_IGN); /* a client gone mid-write is an EPIPE */
     int rc = uv_loop_init(&d.loop);
@@ -178,6 +202,8 @@ int kw_daemon_run(const kw_daemon_opts *o, char *err, size_t errlen)
             unlink(o->socket_path);
     }
     kw_cache_close(d.cache);
+    if (d.lock_fd >= 0)
+        close(d.lock_fd); /* releases the cache lock */
     kw_remote_close(d.remote); /* the workers are joined */
     int crc = uv_loop_close(&d.loop);
     if (rc == 0 && crc < 0) {

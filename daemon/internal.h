@@ -37,6 +37,7 @@ typedef struct kw__daemon {
     bool stopping;
     bool listening;
     bool bound; /* we created the socket file (not systemd) */
+    int lock_fd; /* <cache>/kwarmd.lock, write-locked while we run */
     uint64_t requests, protocol_errors, refused;
     char version[32];
 } kw__daemon;

@@ -520,6 +520,25 @@ Test(daemon_faults, refuses_a_second_daemon_on_the_socket)
     kwd_down(&d, &good);
 }
 
+Test(daemon_faults, refuses_a_second_daemon_on_the_cache)
+{
+    kwd d;
+    kwc good;
+    start_with_good(&d, "kwf-samecache", 2, NULL, &good);
+    char sock2[300], *log = NULL;
+    snprintf(sock2, sizeof sock2, "%s/second.sock", d.dir);
+    int st = refused_start(&d, (const char *const[]){"--socket", sock2, "--cache",
+                                                     d.cache, "--jobs", "1", NULL},
+                           &log);
+    cr_expect_eq(st, 1, "second kwarmd: exit %d: %s", st, log);
+    cr_expect(strstr(log, "another kwarmd") != NULL && strstr(log, d.cache) != NULL,
+              "stderr should name the cache and another kwarmd: %s", log);
+    free(log);
+    cr_expect_neq(access(sock2, F_OK), 0, "the refused daemon left its socket");
+    kwc_expect_pong(&good, "first daemon after the refusal");
+    kwd_down(&d, &good);
+}
+
 /* True when dir holds an entry whose name starts with prefix. */
 static bool dir_has_prefix(const char *dir, const char *prefix)
 {
