@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,6 +55,13 @@ static void flush_done(uv_work_t *w, int status)
 static void on_flush_timer(uv_timer_t *t)
 {
     kw__daemon *d = t->data;
+    /* Idle since the last tick: hand the heap the busy period grew (glibc
+     * keeps per-thread arenas) back to the system, once per idle spell. */
+    if (d->requests == d->requests_at_tick && d->requests != d->requests_trimmed) {
+        malloc_trim(0);
+        d->requests_trimmed = d->requests;
+    }
+    d->requests_at_tick = d->requests;
     uv_work_t *w = malloc(sizeof *w);
     if (w == NULL)
         return;

@@ -39,6 +39,7 @@ typedef struct kw__daemon {
     bool bound; /* we created the socket file (not systemd) */
     int lock_fd; /* <cache>/kwarmd.lock, write-locked while we run */
     uint64_t requests, protocol_errors, refused;
+    uint64_t requests_at_tick, requests_trimmed; /* idle detection for trims */
     char version[32];
 } kw__daemon;
 

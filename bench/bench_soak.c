@@ -1,0 +1,231 @@
+/* bench_soak.c: many concurrent clients mixing get, warmup and stats against a
+ * real kwarmd for a while: no request may fail, and the daemon's resident
+ * memory and open descriptors must come back to their starting level.
+ *
+ * usage: bench_soak --kwarmd PATH [--clients N] [--seconds S] [--json FILE]
+ *
+ * The daemon starts on a fresh cache, DeepSeek-V3.2 (W = 2) is warmed once,
+ * then "before" is read from /proc/PID (RssAnon, entries of fd/); N clients
+ * (default 200), one thread and connection each, loop for S seconds
+ * (default 120) over: get of a random key (90%), warmup of the config (5%),
+ * stats (5%); they disconnect, a last stats request settles the daemon, and
+ * "after" is read.  Exit 1 on any failed request or on growth beyond 8 MiB
+ * of anonymous resident memory or by any descriptor.
+ */
+#include <dirent.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "bench_util.h"
+#include "kw_client.h"
+#include "kw_err.h"
+
+#define MODEL "tests/fixtures/deepseek-v3.2-exp.json"
+
+typedef struct shared {
+    const char *sock;
+    char *config;          /* the config file's text */
+    char (*digests)[65];
+    size_t ndigests;
+    double deadline;
+    _Atomic uint64_t gets, warmups, stats, failed;
+} shared;
+
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    char *buf = f ? calloc(1, 1 << 20) : NULL;
+    if (buf != NULL)
+        fread(buf, 1, (1 << 20) - 1, f);
+    if (f)
+        fclose(f);
+    return buf;
+}
+
+/* Anonymous resident KiB (the heap: what a leak grows; file-backed pages
+ * of the LMDB map and libraries are the page cache's) and open
+ * descriptors of pid, from /proc. */
+static void proc_usage(pid_t pid, long *rss_kb, long *fds)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    *rss_kb = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (strncmp(line, "RssAnon:", 8) == 0)
+            *rss_kb = strtol(line + 8, NULL, 10);
+    if (f)
+        fclose(f);
+    snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(path);
+    *fds = 0;
+    for (struct dirent *e; d && (e = readdir(d)) != NULL;)
+        *fds += e->d_name[0] != '.';
+    if (d)
+        closedir(d);
+}
+
+/* One client: its own connection, the mix above until the deadline. */
+static void *client(void *arg)
+{
+    shared *s = arg;
+    kw_client *c = NULL;
+    char err[256];
+    unsigned seed = (unsigned)(uintptr_t)&c;
+    if (kw_client_connect(&c, s->sock, 30000, err, sizeof err) < 0) {
+        atomic_fetch_add(&s->failed, 1);
+        return NULL;
+    }
+    while (bench_now_ns() < s->deadline) {
+        int r = rand_r(&seed) % 100, rc;
+        if (r < 90) {
+            kw_client_kernel k = {0};
+            rc = kw_client_get(c, s->digests[rand_r(&seed) % s->ndigests], false, &k);
+            kw_client_kernel_destroy(&k);
+            atomic_fetch_add(&s->gets, 1);
+        } else if (r < 95) {
+            char *res = NULL;
+            rc = kw_client_warmup(c, s->config, "{\"dcp_world\": 2}", "soak.json",
+                                  NULL, NULL, &res);
+            free(res);
+            atomic_fetch_add(&s->warmups, 1);
+        } else {
+            char *res = NULL;
+            rc = kw_client_stats(c, &res);
+            free(res);
+            atomic_fetch_add(&s->stats, 1);
+        }
+        if (rc < 0)
+            atomic_fetch_add(&s->failed, 1);
+    }
+    kw_client_close(c);
+    return NULL;
+}
+
+/* Reads the warmup result's manifest digests into s. */
+static int manifest(shared *s, const char *result)
+{
+    cJSON *doc = cJSON_Parse(result), *man = cJSON_GetObjectItem(doc, "manifest");
+    int n = cJSON_GetArraySize(man), i = 0;
+    s->digests = calloc((size_t)n + 1, sizeof *s->digests);
+    for (const cJSON *k = man ? man->child : NULL; k; k = k->next, i++)
+        snprintf(s->digests[i], 65, "%s", cJSON_GetObjectItem(k, "digest")->valuestring);
+    s->ndigests = (size_t)i;
+    cJSON_Delete(doc);
+    return i > 0 ? 0 : -1;
+}
+
+/* Connections the daemon reports (our own included), or -1. */
+static long daemon_connections(kw_client *c)
+{
+    char *res = NULL;
+    long n = -1;
+    if (kw_client_stats(c, &res) == 0) {
+        cJSON *doc = cJSON_Parse(res);
+        const cJSON *v = cJSON_GetObjectItem(doc, "connections");
+        n = cJSON_IsNumber(v) ? (long)v->valuedouble : -1;
+        cJSON_Delete(doc);
+    }
+    free(res);
+    return n;
+}
+
+static pid_t start(const char *bin, const char *sock, const char *cache, kw_client **c)
+{
+    char err[256];
+    pid_t pid = fork();
+    if (pid == 0) {
+        freopen("/dev/null", "w", stderr);
+        execl(bin, bin, "--socket", sock, "--cache", cache, "--jobs", "2", (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 1000; i++) { /* bounded: until it accepts */
+        if (kw_client_connect(c, sock, 60000, err, sizeof err) == 0)
+            return pid;
+        nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
+    }
+    return -1;
+}
+
+int main(int argc, char **argv)
+{
+    const char *bin = NULL, *json = NULL;
+    int nclients = 200;
+    double secs = 120;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (strcmp(argv[i], "--kwarmd") == 0)
+            bin = argv[i + 1];
+        else if (strcmp(argv[i], "--clients") == 0)
+            nclients = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--seconds") == 0)
+            secs = atof(argv[i + 1]);
+        else if (strcmp(argv[i], "--json") == 0)
+            json = argv[i + 1];
+    }
+    if (bin == NULL || nclients < 1 || nclients > 4096 || secs <= 0) {
+        fprintf(stderr, "usage: bench_soak --kwarmd PATH [--clients N] [--seconds S] [--json FILE]\n");
+        return 2;
+    }
+    char dir[] = "/tmp/kw-soak-XXXXXX", sock[64], cache[64];
+    shared s = {.sock = sock, .config = slurp(MODEL)};
+    kw_client *c = NULL;
+    char *res = NULL;
+    if (mkdtemp(dir) == NULL || s.config == NULL)
+        return 1;
+    snprintf(sock, sizeof sock, "%s/s.sock", dir);
+    snprintf(cache, sizeof cache, "%s/cache", dir);
+    pid_t pid = start(bin, sock, cache, &c);
+    if (pid < 0 || kw_client_warmup(c, s.config, "{\"dcp_world\": 2}", "soak.json",
+                                    NULL, NULL, &res) < 0 || manifest(&s, res) < 0) {
+        fprintf(stderr, "soak: set-up failed\n");
+        return 1;
+    }
+    free(res);
+    long rss0, fds0, rss1, fds1;
+    proc_usage(pid, &rss0, &fds0);
+    pthread_t *t = calloc((size_t)nclients, sizeof *t);
+    s.deadline = bench_now_ns() + secs * 1e9;
+    for (int i = 0; i < nclients; i++)
+        pthread_create(&t[i], NULL, client, &s);
+    for (int i = 0; i < nclients; i++)
+        pthread_join(t[i], NULL);
+    for (int i = 0; i < 500 && daemon_connections(c) != 1; i++) /* bounded settle */
+        nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
+    /* kwarmd returns its idle heap on a timer tick (2 s): wait for it,
+     * bounded, before judging. */
+    for (int i = 0; i < 100; i++) {
+        proc_usage(pid, &rss1, &fds1);
+        if (rss1 - rss0 <= 8 * 1024 && fds1 <= fds0)
+            break;
+        nanosleep(&(struct timespec){0, 100 * 1000 * 1000}, NULL);
+    }
+    uint64_t total = s.gets + s.warmups + s.stats;
+    bool ok = s.failed == 0 && fds1 <= fds0 && rss1 - rss0 <= 8 * 1024;
+    printf("soak: %d clients for %.0f s: %llu requests (%llu gets, %llu warmups, %llu stats), "
+           "%llu failed\n", nclients, secs, (unsigned long long)total,
+           (unsigned long long)s.gets, (unsigned long long)s.warmups,
+           (unsigned long long)s.stats, (unsigned long long)s.failed);
+    printf("kwarmd before: %ld KiB anonymous resident, %ld fds; after: %ld KiB, %ld fds: %s\n",
+           rss0, fds0, rss1, fds1, ok ? "ok" : "FAILED");
+    FILE *f = json ? fopen(json, "w") : NULL;
+    if (f) {
+        fprintf(f, "{\"clients\": %d, \"seconds\": %.0f, \"requests\": %llu, \"failed\": %llu, "
+                "\"rss_anon_kb\": [%ld, %ld], \"fds\": [%ld, %ld]}\n", nclients, secs,
+                (unsigned long long)total, (unsigned long long)s.failed, rss0, rss1, fds0, fds1);
+        fclose(f);
+    }
+    kw_client_close(c);
+    kill(pid, SIGTERM);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    return ok && WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : 1;
+}
