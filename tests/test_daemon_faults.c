@@ -459,6 +459,64 @@ Test(daemon_faults, sigterm_mid_warmup_exits_0_and_leaves_a_sound_cache)
     kw_cache_close(cache);
 }
 
+/* kill -9 in the middle of a warmup, then a restart on the same socket and
+ * cache: no torn entry, and the same warmup completes (issue 7). */
+Test(daemon_faults, kill_9_mid_warmup_then_restart_completes_the_warmup)
+{
+    kwd d;
+    kwc c;
+    start_with_good(&d, "kwf-kill9", 1, NULL, &c);
+    cJSON *hdr = kwd_model_hdr("glm-5-next-kpool.json", 2);
+    cr_assert_eq(kwc_send(&c, KW_PROTO_WARMUP, hdr), 0);
+    kwr r = kwc_must_recv(&c, KWD_REPLY_MS);
+    kwr_expect_type(&r, KW_PROTO_PROGRESS, "first frame of the warmup");
+    double total = kwr_num(&r, "total");
+    kwr_free(&r);
+    cr_assert_eq(kill(d.pid, SIGKILL), 0);
+    int st = 0;
+    cr_assert(kwd_wait_exit(d.pid, 5000, &st), "kwarmd outlived SIGKILL");
+    cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+    d.pid = 0;
+    kwc_close(&c);
+
+    /* The stale socket is replaced, the dead daemon's cache lock is gone
+     * with it, and LMDB clears its reader slot. */
+    kwd_start(&d, 1, NULL);
+    kwc_must_open(&c, d.sock);
+    cr_assert_eq(kwc_send(&c, KW_PROTO_WARMUP, hdr), 0);
+    for (;;) {
+        r = kwc_must_recv(&c, 120000);
+        if (r.type != KW_PROTO_PROGRESS)
+            break;
+        kwr_free(&r);
+    }
+    kwr_expect_type(&r, KW_PROTO_RESULT, "warmup after the restart");
+    cr_expect_eq(kwr_num(&r, "keys"), total);
+    cr_expect_eq(kwr_num(&r, "failed"), 0);
+    cr_expect_eq(kwr_num(&r, "compiled") + kwr_num(&r, "hits"), total);
+    cr_expect_gt(kwr_num(&r, "hits"), 0, "nothing survived the kill");
+    kwr_free(&r);
+    cJSON_Delete(hdr);
+    kwd_down(&d, &c);
+
+    kw_cache *cache = NULL;
+    kw_cache_opts co = {.dir = d.cache, .read_only = true};
+    char err[256] = "";
+    cr_assert_eq(kw_cache_open(&cache, &co, err, sizeof err), 0, "%s", err);
+    digests ds = {0};
+    cr_assert_eq(kw_cache_foreach(cache, collect, &ds), 0);
+    cr_expect_eq(ds.n, (size_t)total);
+    for (size_t i = 0; i < ds.n; i++) {
+        void *blob = NULL;
+        size_t len = 0;
+        cr_expect_eq(kw_cache_get(cache, ds.d[i], &blob, &len, NULL), 0,
+                     "entry %zu is torn", i);
+        free(blob);
+    }
+    free(ds.d);
+    kw_cache_close(cache);
+}
+
 /* ---- start-up: the socket path ------------------------------------------ */
 
 Test(daemon_faults, replaces_a_stale_socket_file)
