@@ -12,6 +12,8 @@
 #include <xxhash.h>
 
 #include "internal.h"
+
+#include <errno.h>
 #include "kw_err.h"
 
 /* MDB_MAP_FULL retries per operation.  Eviction batches double from
@@ -31,7 +33,16 @@ static int write_once(kw_cache *c, kw__cache_txn_fn fn, void *arg)
         mdb_txn_abort(txn);
         return rc;
     }
-    return kw__cache_mdb(c, "mdb_txn_commit", mdb_txn_commit(txn));
+    rc = mdb_txn_commit(txn);
+    if (rc == ENOSPC || rc == EIO || rc == EDQUOT) {
+        /* The file could not grow (LMDB reports a full disk as EIO):
+         * like MDB_MAP_FULL, eviction in its own commit frees pages that
+         * later commits reuse without growing the file. */
+        kw__cache_set_error(c, "mdb_txn_commit: %s (is the disk full?)",
+                            mdb_strerror(rc));
+        return KW__CACHE_EMAPFULL;
+    }
+    return kw__cache_mdb(c, "mdb_txn_commit", rc);
 }
 
 /* Arguments of one eviction round. */
@@ -58,8 +69,8 @@ int kw__cache_write(kw_cache *c, kw__cache_txn_fn fn, void *arg,
         if (rc != KW__CACHE_EMAPFULL)
             return rc;
         if (round == MAPFULL_TRIES) {
-            kw__cache_set_error(c, "mdb_put: MDB_MAP_FULL after %d eviction"
-                                   " rounds", MAPFULL_TRIES);
+            kw__cache_set_error(c, "no room after %d eviction rounds (map or "
+                                   "disk full)", MAPFULL_TRIES);
             return KW_ECACHE;
         }
         /* A dead process's reader slot pins old pages, so LMDB cannot

@@ -10,6 +10,7 @@
  */
 #include "cli.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,7 +54,10 @@ typedef struct store_ctx {
     int *rc;      /* compile code, then the put's code */
     bool pin;
     int nvrtc_major, nvrtc_minor;
+    _Atomic unsigned failures; /* printed in full up to KW_CLI_MAX_FAILS */
 } store_ctx;
+
+#define KW_CLI_MAX_FAILS 5
 
 /* Fills the cache metadata of key k compiled into r. */
 static void fill_info(kw_cache_info *info, const kw_keys_key *k,
@@ -86,10 +90,14 @@ static void store_one(size_t i, void *arg)
         kw_cache_count(s->cache, KW_CACHE_COMPILES, 1);
     } else
         kw_cache_count(s->cache, KW_CACHE_COMPILE_FAILURES, 1);
-    if (s->rc[i] < 0)
+    if (s->rc[i] < 0 && atomic_fetch_add(&s->failures, 1) < KW_CLI_MAX_FAILS) {
+        /* The compile's log, or the cache's own reason (this thread's). */
+        const char *why = s->res[i].log ? s->res[i].log
+                                        : kw_cache_last_error(s->cache);
         kw__cli_err("prewarm", "%s %s: %s%s%s", kw_keys_family_name(s->keys[i].family),
                     s->keys[i].arch, kw_strerror(s->rc[i]),
-                    s->res[i].log ? ": " : "", s->res[i].log ? s->res[i].log : "");
+                    why && why[0] ? ": " : "", why ? why : "");
+    }
     kw_jit_result_destroy(&s->res[i]);
 }
 
@@ -138,6 +146,9 @@ static size_t compile_misses(kw_cache *c, const kw_keys_key *miss, size_t n,
     kw__cli_compile_all(miss, n, o->jobs, s.res, s.rc, "prewarm", store_one, &s);
     for (size_t i = 0; i < n; i++)
         failed += s.rc[i] < 0;
+    if (failed > KW_CLI_MAX_FAILS)
+        kw__cli_err("prewarm", "... and %zu more failures like those",
+                    failed - KW_CLI_MAX_FAILS);
     free(s.res);
     free(s.rc);
     return failed;

@@ -1,0 +1,94 @@
+/* test_tmpfs.c: the cache on a small tmpfs that fills (issue 7): with a
+ * size limit under the filesystem's, eviction keeps every prewarm working;
+ * with one above it, the failures are clear and nothing is corrupted.
+ * Needs root (mount); skips cleanly otherwise. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
+#include "kw_cache.h"
+#include "kw_err.h"
+#include "kw_test_util.h"
+
+#define V4 KW_FIXTURES "/deepseek-v4-flash.json"
+
+static char mnt[64], cache[128];
+
+static void setup(void)
+{
+    cr_assert_eq(kw_test_mkdtemp(mnt, sizeof mnt, "tmpfs"), 0);
+    snprintf(cache, sizeof cache, "%s/cache", mnt);
+}
+
+static void teardown(void)
+{
+    umount(mnt);
+    kw_test_rmtree(mnt);
+}
+
+/* Mounts a tmpfs of kb KiB at mnt, or skips the test. */
+static void mount_small(unsigned kb)
+{
+    char opts[32];
+    snprintf(opts, sizeof opts, "size=%uk,mode=0700", kb);
+    if (geteuid() != 0 || mount("tmpfs", mnt, "tmpfs", 0, opts) != 0)
+        cr_skip_test("cannot mount a tmpfs here (%s)", strerror(errno));
+}
+
+/* Runs kwarm prewarm of V4-Flash at W = 8 into the cache; exit status. */
+static int prewarm(const char *max_size, char **err)
+{
+    const char *argv[] = {KW_KWARM_BIN, "prewarm", "--model", V4, "--dcp-world", "8",
+                          "--cache", cache, "--max-size", max_size, "--jobs", "2",
+                          "--json", NULL};
+    char *out = NULL;
+    int st = kw_test_run(argv, &out, err);
+    free(out);
+    return st;
+}
+
+/* Every entry verifies; returns the statistics. */
+static kw_cache_stats verify_all(void)
+{
+    kw_cache_opts o = {.dir = cache, .read_only = true};
+    kw_cache *c = NULL;
+    kw_cache_stats st;
+    char e[256];
+    cr_assert_eq(kw_cache_open(&c, &o, e, sizeof e), 0, "%s", e);
+    cr_assert_eq(kw_cache_stats_get(c, &st), 0);
+    cr_expect_eq(st.corrupt, 0);
+    kw_cache_close(c);
+    return st;
+}
+
+Test(tmpfs, limit_under_the_filesystem_evicts_and_every_put_succeeds,
+     .init = setup, .fini = teardown, .timeout = 600)
+{
+    mount_small(3 * 1024);
+    char *err = NULL;
+    int st = prewarm("1M", &err);
+    cr_expect_eq(st, 0, "prewarm failed on a 3 MiB tmpfs with a 1M limit: %s", err);
+    free(err);
+    kw_cache_stats s = verify_all();
+    cr_expect_gt(s.evictions, 0, "216 keys of ~15 KB cannot fit 1M without evicting");
+    cr_expect_leq(s.bytes, 1u << 20);
+    cr_expect_eq(s.compile_failures, 0);
+}
+
+Test(tmpfs, full_filesystem_fails_clearly_without_corruption, .init = setup,
+     .fini = teardown, .timeout = 600)
+{
+    mount_small(1500);
+    char *err = NULL;
+    int st = prewarm("64M", &err);
+    cr_expect_eq(st, 1, "a prewarm that cannot store exits 1");
+    cr_expect(strstr(err, "disk full") != NULL || strstr(err, "No space") != NULL,
+              "stderr does not say the disk is full: %s", err);
+    free(err);
+    kw_cache_stats s = verify_all();
+    cr_expect_gt(s.entries, 0, "what fitted was kept");
+}
