@@ -6,13 +6,16 @@
 #               embedded default (DeepSeek-V3.2) through it, fetch one
 #               kernel, print the stats, stop the daemon
 #   make test   the same set-up, then every test, in a normal build and in
-#               an ASan/UBSan build
+#               an ASan/UBSan build, then each libFuzzer harness of
+#               tests/fuzz/ for FUZZ_SECONDS (when clang has libFuzzer)
 
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
 MODEL      ?= tests/fixtures/deepseek-v3.2-exp.json
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 20
 
 PREFIX     ?= /usr/local
 
@@ -41,6 +44,23 @@ test: build build-asan
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
 	@echo "== tests under ASan/UBSan ($(ASAN_BUILD))"
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j$(JOBS)
+	@if echo 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n);' \
+	     'int LLVMFuzzerTestOneInput(const char *d, unsigned long n)' \
+	     '{ (void)d; (void)n; return 0; }' | \
+	   clang -x c -fsanitize=fuzzer,address,undefined - \
+	     -o /tmp/kw-fuzz-probe.$$$$ >/dev/null 2>&1; then \
+	  rm -f /tmp/kw-fuzz-probe.$$$$; \
+	  echo "== fuzzing, $(FUZZ_SECONDS) s per harness ($(FUZZ_BUILD))"; \
+	  CC=clang cmake -S . -B $(FUZZ_BUILD) -DKW_WERROR=ON -DKW_FUZZ=ON \
+	    -DKW_FUZZ_SECONDS=$(FUZZ_SECONDS) $(CMAKE_FLAGS) >/dev/null && \
+	  cmake --build $(FUZZ_BUILD) -j$(JOBS) \
+	    --target fuzz_proto fuzz_config fuzz_deploy && \
+	  cd $(FUZZ_BUILD) && ctest -L fuzz --output-on-failure -j$(JOBS); \
+	else \
+	  rm -f /tmp/kw-fuzz-probe.$$$$; \
+	  echo "== fuzzing skipped: clang with libFuzzer not found" \
+	       "(Debian: clang libclang-rt-14-dev)"; \
+	fi
 
 install: deps
 	cmake -S . -B $(BUILD) -DKW_WERROR=ON -DCMAKE_INSTALL_PREFIX=$(PREFIX) $(CMAKE_FLAGS) >/dev/null
@@ -48,4 +68,4 @@ install: deps
 	cmake --install $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

@@ -5,7 +5,7 @@ set -euo pipefail
 
 pkgs=(gcc make cmake pkg-config libcjson-dev libsodium-dev liblmdb-dev
       libuv1-dev libxxhash-dev libhiredis-dev libsystemd-dev libcriterion-dev
-      python3 systemd redis-server)
+      python3 systemd redis-server clang libclang-rt-14-dev)
 
 missing=()
 for p in "${pkgs[@]}"; do
