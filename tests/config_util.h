@@ -22,21 +22,6 @@
 
 /* ---- helpers ----------------------------------------------------------- */
 
-/* True when err names the JSON pointer ptr as a whole, not as a piece of a
- * longer pointer ("/index_topk" must not match "/text_config/index_topk"). */
-static inline bool names_pointer(const char *err, const char *ptr)
-{
-    size_t n = strlen(ptr);
-    for (const char *p = strstr(err, ptr); p; p = strstr(p + 1, ptr)) {
-        bool start = p == err || strchr(" '\"`:(=", p[-1]) != NULL;
-        char c = p[n];
-        bool end = !(isalnum((unsigned char)c) || c == '_' || c == '/' ||
-                     c == '~');
-        if (start && end)
-            return true;
-    }
-    return false;
-}
 
 /* Loads len bytes of json (which must have a NUL at json[len]) and expects
  * KW_ECONFIG with a one-line message naming NAME and, unless ptr is NULL,
@@ -53,7 +38,7 @@ static inline void reject_len(const char *json, size_t len, const char *pointer,
     cr_expect(strstr(err, NAME) != NULL, "[%s] message lacks the file: %s",
               what, err);
     if (ptr != NULL)
-        cr_expect(names_pointer(err, ptr), "[%s] message lacks %s: %s", what,
+        cr_expect(kw_test_names_pointer(err, ptr), "[%s] message lacks %s: %s", what,
                   ptr, err);
     cr_expect(strchr(err, '\n') == NULL, "[%s] message is not one line",
               what);

@@ -45,20 +45,6 @@ static inline int64_t *int_slot(kw_config_deploy *d, kw_config_field f)
     }
 }
 
-/* True when err names the JSON pointer ptr as a whole. */
-static inline bool names_pointer(const char *err, const char *ptr)
-{
-    size_t n = strlen(ptr);
-    for (const char *p = strstr(err, ptr); p; p = strstr(p + 1, ptr)) {
-        bool start = p == err || strchr(" '\"`:(=", p[-1]) != NULL;
-        char c = p[n];
-        bool end = !(isalnum((unsigned char)c) || c == '_' || c == '/' ||
-                     c == '~');
-        if (start && end)
-            return true;
-    }
-    return false;
-}
 
 /* True when err names flag (e.g. "--block-size") as a whole word, so that
  * "--dcp-world" is not found inside a longer flag. */
@@ -215,7 +201,7 @@ static inline void file_rejects(const char *text, const char *ptr)
     cr_expect(strstr(err, path) != NULL, "%s: file not named: %s", text,
               err);
     if (ptr != NULL)
-        cr_expect(names_pointer(err, ptr), "%s: %s not named: %s", text, ptr,
+        cr_expect(kw_test_names_pointer(err, ptr), "%s: %s not named: %s", text, ptr,
                   err);
     cr_expect(strchr(err, '\n') == NULL, "%s: not one line", text);
     kw_config_deploy_destroy(&d);

@@ -2,6 +2,7 @@
 #define _XOPEN_SOURCE 700 /* nftw() is XSI */
 #include "kw_test_util.h"
 
+#include <ctype.h>
 #include <elf.h>
 #include <errno.h>
 #include <ftw.h>
@@ -299,4 +300,18 @@ int kw_test_write_file(const char *dir, const char *name, const void *data,
         return -1;
     size_t n = fwrite(data, 1, len, f);
     return fclose(f) == 0 && n == len ? 0 : -1;
+}
+
+bool kw_test_names_pointer(const char *err, const char *ptr)
+{
+    size_t n = strlen(ptr);
+    for (const char *p = strstr(err, ptr); p; p = strstr(p + 1, ptr)) {
+        bool start = p == err || strchr(" '\"`:(=", p[-1]) != NULL;
+        char c = p[n];
+        bool end = !(isalnum((unsigned char)c) || c == '_' || c == '/' ||
+                     c == '~');
+        if (start && end)
+            return true;
+    }
+    return false;
 }

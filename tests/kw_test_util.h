@@ -45,4 +45,8 @@ void kw_test_rmtree(const char *dir);
 int kw_test_write_file(const char *dir, const char *name, const void *data,
                        size_t len, char *path, size_t cap);
 
+/* True when err names the JSON pointer ptr as a whole, not as a piece of a
+ * longer pointer ("/index_topk" must not match "/text_config/index_topk"). */
+bool kw_test_names_pointer(const char *err, const char *ptr);
+
 #endif /* KW_TEST_UTIL_H */

@@ -316,7 +316,7 @@ Test(json, load_names_the_path_for_bad_content, .init = tmp_setup,
     int rc = kw_config_load(&m, path, NULL, err, sizeof err);
     cr_expect_eq(rc, KW_ECONFIG);
     cr_expect(strstr(err, path) != NULL, "%s", err);
-    cr_expect(names_pointer(err, "/text_config/index_topk"), "%s", err);
+    cr_expect(kw_test_names_pointer(err, "/text_config/index_topk"), "%s", err);
     kw_config_model_destroy(&m);
 }
 

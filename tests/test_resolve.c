@@ -133,14 +133,14 @@ Test(resolve, block_size_from_deploy_file_is_named_by_file_and_pointer,
     int rc = kw_config_resolve(&d, &m, err, sizeof err);
     cr_expect_eq(rc, KW_EDEPLOY);
     cr_expect(strstr(err, path) != NULL, "%s", err);
-    cr_expect(names_pointer(err, "/block_size"), "%s", err);
+    cr_expect(kw_test_names_pointer(err, "/block_size"), "%s", err);
     kw_config_deploy_destroy(&d);
     cr_assert_eq(load_text(&d, "{\"dcp_world\": 2, \"dcp_rank\": 5}", err,
                            &path), 0);
     rc = kw_config_resolve(&d, &m, err, sizeof err);
     cr_expect_eq(rc, KW_EDEPLOY);
     cr_expect(strstr(err, path) != NULL, "%s", err);
-    cr_expect(names_pointer(err, "/dcp_rank"), "%s", err);
+    cr_expect(kw_test_names_pointer(err, "/dcp_rank"), "%s", err);
     kw_config_deploy_destroy(&d);
     kw_config_model_destroy(&m);
 }
@@ -183,7 +183,7 @@ Test(resolve, rejects_max_model_len_over_2_pow_24_under_dcp)
                      "\"max_position_embeddings\": 16777217}}",
                      F("--dcp-world", "2"), &d, err);
     cr_expect(rc < 0, "accepted");
-    cr_expect(names_pointer(err, "/text_config/max_position_embeddings"),
+    cr_expect(kw_test_names_pointer(err, "/text_config/max_position_embeddings"),
               "%s", err);
     kw_config_deploy_destroy(&d);
     /* 2^24 itself is allowed; without DCP there is no cap. */
