@@ -86,6 +86,18 @@ void kw__cli_print_stats(const struct kw_cache_stats *st, const char *dir,
  * reader never sees half a cubin.  Returns 0 or -errno. */
 int kw__cli_write_atomic(const char *path, const void *data, size_t len);
 
+/* `-o PATH` of kwarm get (cli_output.c).  A regular or absent PATH is
+ * written atomically; a character device or FIFO in place; "-" is stdout,
+ * refused when it is a terminal; a directory is refused.
+ * kw__cli_output_check() checks PATH before any work: prints the refusal
+ * and returns its exit code, else -1.  kw__cli_put_cubin() writes the
+ * cubin and prints the summary line (on stderr when the cubin went to
+ * stdout); returns an exit code. */
+int kw__cli_output_check(const char *cmd, const char *path);
+int kw__cli_put_cubin(const char *cmd, const char *path, const void *data,
+                      size_t len, const char *family, const char *arch,
+                      const char *entry);
+
 /* The commands. */
 int kw__cli_keys(int argc, char **argv);
 int kw__cli_verify(int argc, char **argv);

@@ -160,7 +160,7 @@ static int get_parse(get_opts *o, int argc, char **argv)
         kw__cli_err("get", "%s: required (see kwarm get --help)", missing);
         return KW_CLI_USAGE;
     }
-    return -1;
+    return kw__cli_output_check("get", o->out);
 }
 
 /* Fetches digest from the cache into o->out. */
@@ -176,17 +176,17 @@ static int get_fetch(const get_opts *o, const uint8_t *digest)
     if (rc != KW_CLI_OK)
         return rc;
     rc = kw_cache_get(c, digest, &blob, &len, &info);
-    if (rc == 0 && (rc = kw__cli_write_atomic(o->out, blob, len)) < 0)
-        kw__cli_err("get", "-o %s: %s", o->out, kw_strerror(rc));
-    else if (rc < 0)
+    if (rc == 0)
+        rc = kw__cli_put_cubin("get", o->out, blob, len, info.family,
+                               info.arch, info.entry);
+    else {
         kw__cli_err("get", "%s: %s in %s", hex, rc == KW_ENOTFOUND ?
                     "not cached" : kw_strerror(rc), o->cache);
-    else
-        printf("%s: %zu bytes, %s %s, entry %s\n", o->out, len, info.family,
-               info.arch, info.entry);
+        rc = KW_CLI_RUNTIME;
+    }
     free(blob);
     kw_cache_close(c);
-    return rc == 0 ? KW_CLI_OK : KW_CLI_RUNTIME;
+    return rc;
 }
 
 /* True when argv names a cache directory: the command then works on it

@@ -344,43 +344,6 @@ static int fields_json(const get_opts *o, char **json)
     return rc == 0 ? -1 : rc == -1 ? KW_CLI_USAGE : KW_CLI_RUNTIME;
 }
 
-/* Writes len bytes to path through a temporary file in its directory and
- * rename(), so a reader never sees half a cubin.  0 or -errno. */
-int kw__cli_write_atomic(const char *path, const void *data, size_t len)
-{
-    size_t n = strlen(path);
-    char *tmp = malloc(n + sizeof ".tmp.XXXXXX");
-    if (tmp == NULL)
-        return -ENOMEM;
-    memcpy(tmp, path, n);
-    memcpy(tmp + n, ".tmp.XXXXXX", sizeof ".tmp.XXXXXX");
-    int fd = mkstemp(tmp), rc = 0;
-    if (fd < 0) {
-        rc = -errno;
-        free(tmp);
-        return rc;
-    }
-    mode_t mask = umask(0); /* mkstemp makes 0600; give what open() would */
-    umask(mask);
-    if (fchmod(fd, 0644 & ~mask) < 0)
-        rc = -errno;
-    for (size_t off = 0; off < len && rc == 0;) {
-        ssize_t w = write(fd, (const char *)data + off, len - off);
-        if (w < 0 && errno != EINTR)
-            rc = -errno;
-        else if (w > 0)
-            off += (size_t)w;
-    }
-    if (close(fd) < 0 && rc == 0)
-        rc = -errno;
-    if (rc == 0 && rename(tmp, path) < 0)
-        rc = -errno;
-    if (rc < 0)
-        unlink(tmp);
-    free(tmp);
-    return rc;
-}
-
 /* Fetches the kernel of o from c into *k; prints the failure. */
 static int get_fetch(const get_opts *o, kw_client *c, kw_client_kernel *k)
 {
@@ -419,16 +382,9 @@ int kw__cli_get_socket(int argc, char **argv)
     kw_client_kernel k = {0};
     if ((rc = connect_to("get", o.socket, &c)) != KW_CLI_OK)
         return rc;
-    if ((rc = get_fetch(&o, c, &k)) == KW_CLI_OK) {
-        int w = kw__cli_write_atomic(o.out, k.cubin, k.len);
-        if (w < 0) {
-            kw__cli_err("get", "-o %s: %s", o.out, strerror(-w));
-            rc = KW_CLI_RUNTIME;
-        } else {
-            printf("%s: %zu bytes, %s %s, entry %s\n", o.out, k.len,
-                   k.family, k.arch, k.entry);
-        }
-    }
+    if ((rc = get_fetch(&o, c, &k)) == KW_CLI_OK)
+        rc = kw__cli_put_cubin("get", o.out, k.cubin, k.len, k.family,
+                               k.arch, k.entry);
     kw_client_kernel_destroy(&k);
     kw_client_close(c);
     return rc;
