@@ -15,6 +15,20 @@
  * in one transaction (kw_cache_close() flushes; the daemon flushes on a
  * timer).  The LRU order is therefore as fresh as the last flush.
  *
+ * The size limit (max_size) is stored in the cache when it is created and
+ * every opener uses the stored value; only kw_cache_resize() changes it.
+ * Nothing is evicted for size while it is pinned (per entry, or in a named
+ * pin set stored in the cache) or protected (in memory, by this process:
+ * kw_cache_protect()).
+ *
+ * Read-only caches serve: a directory the process cannot write, a
+ * read-only mount, or opts.read_only.  Such a handle never writes; hits,
+ * hit counts and last-used times are kept in memory only.
+ *
+ * Read transactions are pooled per handle (reset, then renewed), so a hit
+ * costs no reader-slot lock; kw_cache_borrow() hands out a pointer into
+ * the map itself.
+ *
  * Thread-safety: one kw_cache may be used from any number of threads at
  * once; write transactions serialize inside LMDB.  Several processes may
  * open one directory (LMDB's lock file); others may open it read-only.
@@ -37,15 +51,32 @@
 #define KW_CACHE_DEFAULT_SIZE (1ull << 30)
 #define KW_CACHE_MIN_SIZE (1ull << 20)
 #define KW_CACHE_MAX_SIZE (1ull << 44) /* 16 TiB: keeps the map size sane */
+#define KW_CACHE_MAX_PIN_NAME 64        /* bytes of a pin set's name, no NUL */
+#define KW_CACHE_MAX_PIN_DIGESTS 16384  /* digests in one pin set */
+#define KW_CACHE_PREFIX_MIN 8           /* hex digits of a digest prefix */
+#define KW_CACHE_HEX_LEN 65             /* 64 hex digits and a NUL */
 
 typedef struct kw_cache kw_cache;
 
 typedef struct kw_cache_opts {
     const char *dir;   /* created (mode 0700) if missing, unless read_only */
-    uint64_t max_size; /* cubin bytes kept; 0: KW_CACHE_DEFAULT_SIZE;
-                          ignored read-only.  Outside [KW_CACHE_MIN_SIZE,
-                          KW_CACHE_MAX_SIZE]: KW_EINVAL */
-    bool read_only;    /* MDB_RDONLY: no puts, hits are not recorded */
+    uint64_t max_size; /* cubin bytes kept, used only when this open creates
+                          the cache (or finds an old one with no stored
+                          limit); every other open uses the stored limit.
+                          0: KW_CACHE_DEFAULT_SIZE.  Outside
+                          [KW_CACHE_MIN_SIZE, KW_CACHE_MAX_SIZE]: KW_EINVAL
+                          (checked unless read_only) */
+    bool read_only;    /* never write: puts fail with KW_EROFS, hits are
+                          counted in memory only */
+    bool auto_read_only; /* when the directory or its files are not
+                          writable (another user's cache, a read-only
+                          mount), open read-only instead of failing;
+                          kw_cache_is_read_only() tells which happened */
+    bool defer_writes; /* gets never run a write transaction (a daemon's
+                          loop thread): no inline flush when many hits are
+                          pending, and a corrupt entry is reported
+                          (KW_ECORRUPT) and queued; the next
+                          kw_cache_flush() removes it */
 } kw_cache_opts;
 
 /* What is stored beside a cubin.  Strings are NUL-terminated; on read they
@@ -62,26 +93,58 @@ typedef struct kw_cache_info {
     uint64_t size;      /* cubin bytes */
     uint64_t created;   /* Unix seconds */
     uint64_t last_used; /* Unix seconds, as of the last flush */
-    uint64_t hits;      /* as of the last flush */
-    bool pinned;        /* never evicted */
+    uint64_t hits;      /* as of the last flush (read-only handles add the
+                           hits they counted in memory) */
+    bool pinned;        /* never evicted for size: pinned by kw_cache_pin()
+                           or held by a named pin set */
+    uint32_t pin_sets;  /* named pin sets holding it (kw_cache_pin_names) */
 } kw_cache_info;
 
-/* bytes counts cubin bytes (what max_size limits); max_size is the limit of
- * the last writer that opened the directory. */
+/* bytes counts cubin bytes (what max_size limits); max_size is the limit
+ * stored in the cache.  pinned_* count present entries pinned either way
+ * (each once).  A read-only handle's hits and misses include what it
+ * counted in memory. */
 typedef struct kw_cache_stats {
     uint64_t entries, bytes, max_size;
     uint64_t hits, misses, compiles, compile_failures, evictions, corrupt;
+    uint64_t pinned_entries, pinned_bytes;
+    bool read_only; /* this handle is read-only */
 } kw_cache_stats;
 
 /* Opens (creating if needed) the cache in opts->dir, runs mdb_reader_check
- * to clear stale readers of dead processes.  Returns 0 and *out, or a
- * negative code (KW_ECACHE, -errno, KW_EINVAL) with a one-line reason
- * naming the directory in err.  *out is untouched on error. */
+ * to clear stale readers of dead processes.  A writer that finds the cache
+ * over its stored limit trims it (LRU, unpinned entries) before returning.
+ * Read-only opens work without write access: when LMDB's lock file cannot
+ * be opened for writing (a read-only mount, another user's directory) the
+ * environment is opened MDB_RDONLY|MDB_NOLOCK.  The risk of NOLOCK: this
+ * process takes no reader slot, so a writer elsewhere may reuse the pages
+ * it is reading; the checksums then report KW_ECORRUPT rather than serve
+ * bad bytes, but read-only handles do not remove entries.  Such a cache is
+ * meant to have no writer (an image layer, a shipped directory).
+ * Returns 0 and *out, or a negative code (KW_ECACHE, -errno, KW_EINVAL)
+ * with a one-line reason naming the directory in err.  *out is untouched
+ * on error. */
 int kw_cache_open(kw_cache **out, const kw_cache_opts *opts, char *err,
                   size_t errlen);
 
-/* Flushes recorded hits and closes.  NULL is a no-op. */
+/* Flushes recorded hits and closes.  NULL is a no-op.  No other call on c
+ * may be in flight, every view (kw_cache_borrow) must be released and
+ * every guard (kw_cache_protect) given back first. */
 void kw_cache_close(kw_cache *c);
+
+/* True when c never writes (opts.read_only, or auto_read_only fell back). */
+bool kw_cache_is_read_only(const kw_cache *c);
+
+/* Stores a new size limit in the cache (every handle, in every process,
+ * uses it from its next write) and, when the cache is now over it, evicts
+ * LRU entries that are neither pinned nor protected.  A limit above what
+ * this handle mapped at open takes full effect here once the map's
+ * headroom (at least 4x the limit at open) is used; reopening maps more.
+ * Returns 0; KW_EINVAL (outside [KW_CACHE_MIN_SIZE, KW_CACHE_MAX_SIZE]);
+ * KW_ENOSPC when pinned and protected entries alone exceed max_size
+ * (nothing changes; kw_cache_last_error() says how many bytes they hold);
+ * KW_EROFS; KW_ECACHE. */
+int kw_cache_resize(kw_cache *c, uint64_t max_size);
 
 /* Stores blob under digest with info, unless an entry is already there
  * (then *stored = false and nothing changes).  pin marks it never evicted.
@@ -89,8 +152,12 @@ void kw_cache_close(kw_cache *c);
  * inside their arrays and nfields <= KW_CACHE_MAX_FIELDS.  stored may be
  * NULL.  Evicts LRU unpinned entries first when the size limit requires,
  * and when LMDB's map fills before it (many small entries).
- * Returns 0; KW_ENOSPC when even evicting every unpinned entry cannot make
- * room (nothing is evicted then); KW_EINVAL (read-only, empty
+ * Never evicts an entry that is pinned (either way) or protected by a
+ * guard of this process.
+ * Returns 0; KW_ENOSPC when even evicting every other entry cannot make
+ * room (nothing is evicted then; kw_cache_last_error() names the bytes
+ * needed beside the pinned and protected ones and says to raise the limit
+ * with `kwarm resize`); KW_EROFS (read-only handle); KW_EINVAL (empty
  * blob, blob over KW_CACHE_MAX_BLOB, bad info); KW_ECACHE. */
 int kw_cache_put(kw_cache *c, const uint8_t digest[KW_CACHE_DIGEST_LEN],
                  const kw_cache_info *info, const void *blob, size_t len,
@@ -100,11 +167,13 @@ int kw_cache_put(kw_cache *c, const uint8_t digest[KW_CACHE_DIGEST_LEN],
  * *len its size, *info (may be NULL) its metadata.  The checksum is
  * verified on the copy handed out; the hit is recorded for the next flush.
  * When 4096 distinct digests are waiting, the call flushes them first (one
- * write transaction), unless another thread is flushing.
+ * write transaction), unless another thread is flushing or the handle has
+ * defer_writes or is read-only.
  * Returns 0; KW_ENOTFOUND (a miss, counted); KW_ECORRUPT (the entry
- * failed its checksum: it has been removed and counted, except on a
- * read-only handle, which cannot write; the caller should recompile);
- * KW_ENOMEM; KW_ECACHE.  On error *blob is NULL. */
+ * failed its checksum: it has been removed and counted; with defer_writes
+ * it is queued for the next kw_cache_flush(); a read-only handle leaves
+ * it; the caller should recompile); KW_ENOMEM; KW_ECACHE.  On error *blob
+ * is NULL. */
 int kw_cache_get(kw_cache *c, const uint8_t digest[KW_CACHE_DIGEST_LEN],
                  void **blob, size_t *len, kw_cache_info *info);
 
@@ -114,16 +183,134 @@ int kw_cache_get(kw_cache *c, const uint8_t digest[KW_CACHE_DIGEST_LEN],
 int kw_cache_get_into(kw_cache *c, const uint8_t digest[KW_CACHE_DIGEST_LEN],
                       void *buf, size_t cap, size_t *len, kw_cache_info *info);
 
+/* A borrowed, zero-copy view of one entry (kw_cache_borrow).  data points
+ * into LMDB's map and holds len bytes; the _-prefixed fields are private. */
+typedef struct kw_cache_view {
+    const void *data;
+    size_t len;
+    kw_cache *_c;
+    void *_txn;
+} kw_cache_view;
+
+/* Looks the entry up and verifies its checksum on the map's bytes, without
+ * copying; records the hit as kw_cache_get() does.  On 0, v->data is valid
+ * until kw_cache_release(v): the view holds a read transaction (one
+ * reader slot).  Writers, puts and the map's growth are not blocked while
+ * it is held, but pages freed meanwhile are not reused until it is
+ * released, so hold views briefly (a long-held one can make puts evict
+ * more or fail with KW_ECACHE).  A view may be released from another
+ * thread than the one that borrowed it, if the two synchronize.  The map
+ * is mapped read-only: writing through data faults.
+ * info (may be NULL) gets the metadata.  Returns as kw_cache_get(); on
+ * error v holds nothing and needs no release (releasing is harmless). */
+int kw_cache_borrow(kw_cache *c, const uint8_t digest[KW_CACHE_DIGEST_LEN],
+                    kw_cache_view *v, kw_cache_info *info);
+
+/* Ends a view (its data is then invalid) and zeroes *v.  NULL, or a view
+ * that holds nothing, is a no-op. */
+void kw_cache_release(kw_cache_view *v);
+
 /* True when an entry exists (no checksum, no hit recorded); false on any
  * LMDB failure too. */
 bool kw_cache_contains(kw_cache *c, const uint8_t digest[KW_CACHE_DIGEST_LEN]);
 
-/* Removes one entry.  0 or KW_ENOTFOUND, KW_ECACHE. */
+/* Removes one entry, pinned or not (pin sets keep naming its digest, so a
+ * later put of it is pinned again).  0 or KW_ENOTFOUND, KW_EROFS,
+ * KW_ECACHE. */
 int kw_cache_remove(kw_cache *c, const uint8_t digest[KW_CACHE_DIGEST_LEN]);
 
-/* Sets or clears an entry's pin.  0 or KW_ENOTFOUND, KW_ECACHE. */
+/* Sets or clears an entry's own pin flag (pin sets are apart: an entry in a
+ * set stays pinned).  0 or KW_ENOTFOUND, KW_EROFS, KW_ECACHE. */
 int kw_cache_pin(kw_cache *c, const uint8_t digest[KW_CACHE_DIGEST_LEN],
                  bool pinned);
+
+/* --- Named pin sets (stored in the cache) --- */
+
+/* Records the set of n digests under name, replacing a set of that name,
+ * in one write transaction.  Digests need not be present: one stored later
+ * is pinned from then on.  Duplicates count once.  Entries of any set are
+ * never evicted for size.  name: 1..KW_CACHE_MAX_PIN_NAME bytes of
+ * [A-Za-z0-9._:@+-].  Returns 0; KW_EINVAL (bad name, n == 0 or over
+ * KW_CACHE_MAX_PIN_DIGESTS, digests NULL); KW_EROFS; KW_ECACHE. */
+int kw_cache_pin_set(kw_cache *c, const char *name,
+                     const uint8_t (*digests)[KW_CACHE_DIGEST_LEN], size_t n);
+
+/* Deletes the set name (its entries stay, evictable unless pinned
+ * otherwise).  0; KW_ENOTFOUND (no such set); KW_EINVAL; KW_EROFS;
+ * KW_ECACHE. */
+int kw_cache_unpin_set(kw_cache *c, const char *name);
+
+/* One pin set as kw_cache_pins_foreach() reports it. */
+typedef struct kw_cache_pin_info {
+    char name[KW_CACHE_MAX_PIN_NAME + 1];
+    uint64_t digests; /* digests recorded in the set */
+    uint64_t entries; /* of those, entries present now */
+    uint64_t bytes;   /* cubin bytes of the present ones */
+    uint64_t created; /* Unix seconds of the kw_cache_pin_set() */
+} kw_cache_pin_info;
+
+/* Calls fn for every pin set, in name order, in one read transaction (fn
+ * must not call back into c; p is valid during the call only).  Stops
+ * when fn returns non-zero and returns that value; else 0, or
+ * KW_ECACHE. */
+typedef int (*kw_cache_pin_fn)(const kw_cache_pin_info *p, void *arg);
+int kw_cache_pins_foreach(kw_cache *c, kw_cache_pin_fn fn, void *arg);
+
+/* Writes the names of the pin sets holding digest into buf (cap bytes),
+ * comma-separated, in name order, NUL-terminated ("" when none), and their
+ * number into *count (may be NULL).  May be called from a
+ * kw_cache_foreach() callback.  0; KW_ENOSPC when buf is too small (buf
+ * then holds the names that fit, whole); KW_EINVAL; KW_ECACHE. */
+int kw_cache_pin_names(kw_cache *c, const uint8_t digest[KW_CACHE_DIGEST_LEN],
+                       char *buf, size_t cap, size_t *count);
+
+/* --- In-memory protection (a warm never evicts its own deployment) --- */
+
+typedef struct kw_cache_guard kw_cache_guard;
+
+/* Protects n digests (copied; present or not) from eviction by this
+ * handle until kw_cache_unprotect(*out): puts that would need to evict
+ * them fail with KW_ENOSPC instead.  Not stored, and not seen by other
+ * processes.  Guards may overlap.  Thread-safe.  Returns 0 and *out;
+ * KW_EINVAL (digests NULL with n > 0); KW_ENOMEM. */
+int kw_cache_protect(kw_cache *c,
+                     const uint8_t (*digests)[KW_CACHE_DIGEST_LEN], size_t n,
+                     kw_cache_guard **out);
+
+/* Drops the protection and frees g.  NULL is a no-op.  Every guard must be
+ * given back before kw_cache_close(). */
+void kw_cache_unprotect(kw_cache_guard *g);
+
+/* What storing a set of digests needs, for a caller to fail early, before
+ * writing anything ("needs N bytes, the limit is M"). */
+typedef struct kw_cache_plan {
+    uint64_t present;      /* distinct digests of the set already stored */
+    uint64_t present_bytes;/* their cubin bytes */
+    uint64_t held_bytes;   /* bytes of other entries that are pinned (either
+                              way) or protected by this process: never
+                              evicted to make room for the set */
+    uint64_t max_size;     /* the stored limit */
+    uint64_t available;    /* max_size - held_bytes - present_bytes (0 when
+                              negative): room for the digests not stored */
+} kw_cache_plan;
+
+/* Fills *plan for the n digests (duplicates count once), in one read
+ * transaction.  Works read-only.  0; KW_EINVAL; KW_ENOMEM; KW_ECACHE. */
+int kw_cache_plan_get(kw_cache *c,
+                      const uint8_t (*digests)[KW_CACHE_DIGEST_LEN], size_t n,
+                      kw_cache_plan *plan);
+
+/* --- Digest prefixes --- */
+
+/* Resolves a hex prefix (upper or lower case) of KW_CACHE_PREFIX_MIN..64
+ * digits to the one stored digest it starts, into out.  Returns 0;
+ * KW_EAMBIGUOUS when several match (candidates, cap bytes, may be NULL,
+ * gets their full hex digits, newline-separated, NUL-terminated, as many
+ * as fit); KW_ENOTFOUND when none; KW_EINVAL when shorter than
+ * KW_CACHE_PREFIX_MIN, longer than 64 or not hex; KW_ECACHE. */
+int kw_cache_find_prefix(kw_cache *c, const char *hex,
+                         uint8_t out[KW_CACHE_DIGEST_LEN], char *candidates,
+                         size_t cap);
 
 /* Counters the cache cannot see by itself (compiles are the caller's). */
 typedef enum kw_cache_counter {
@@ -134,9 +321,11 @@ typedef enum kw_cache_counter {
 /* Adds n to a counter (recorded with the next flush).  Thread-safe. */
 void kw_cache_count(kw_cache *c, kw_cache_counter which, uint64_t n);
 
-/* Writes recorded hits, misses and counters in one transaction.
+/* Writes recorded hits, misses and counters in one transaction, then
+ * removes the corrupt entries that gets of a defer_writes handle queued
+ * (each checked again first, so a good copy stored meanwhile stays).
  * 0 or KW_ECACHE (they are then kept for the next flush); a read-only
- * cache returns 0 (it records nothing). */
+ * cache returns 0 and keeps its counts in memory. */
 int kw_cache_flush(kw_cache *c);
 
 /* Current statistics (persisted counters plus those not yet flushed).
@@ -145,7 +334,7 @@ int kw_cache_flush(kw_cache *c);
 int kw_cache_stats_get(kw_cache *c, kw_cache_stats *out);
 
 /* Calls fn for every entry, in digest order, inside one read transaction
- * (fn must not call back into c).  digest and info are valid during the
+ * (fn must not call back into c, except kw_cache_pin_names()).  digest and info are valid during the
  * call only.  An entry whose metadata fails its check is skipped (a get
  * reports and removes it).  Stops when fn returns non-zero and returns that
  * value; else 0, or KW_ECACHE.  While fn runs, LMDB cannot reuse pages that

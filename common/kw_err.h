@@ -24,7 +24,10 @@
     XX(ENOSPC, -1014, "buffer too small")                                  \
     XX(EMISMATCH, -1015, "kernel output differs from its reference")       \
     XX(ENOFAMILY, -1016, "unknown kernel family")                          \
-    XX(EREMOTE, -1017, "remote cache (Redis) unavailable or failed")
+    XX(EREMOTE, -1017, "remote cache (Redis) unavailable or failed")      \
+    XX(EROFS, -1018, "not cached (read-only cache)")                       \
+    XX(EAMBIGUOUS, -1019, "ambiguous digest prefix")                       \
+    XX(EVERSION, -1020, "protocol version mismatch")
 
 #ifdef __cplusplus
 extern "C" {
