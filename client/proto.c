@@ -5,12 +5,9 @@
  * oversized length is refused before the reader waits for (or allocates
  * for) a body that the peer only claims to have.
  *
- * cJSON parses leniently in ways a protocol must not: leading zeros, "1."
- * and raw control characters are accepted, control bytes count as
- * whitespace, a byte-order mark is skipped, duplicate member names are kept
- * (two readers could disagree on which one counts) and it recurses up to
- * 1000 levels.  One lexical pass rejects all of that before cJSON builds
- * the tree, and a walk of the tree rejects duplicate names.
+ * The JSON header is read by common/'s strict reader (kw_json.h), the one
+ * config files go through too, with KW_PROTO_MAX_DEPTH as its depth cap;
+ * cJSON's own leniencies never reach a handler.
  */
 #include "kw_proto.h"
 
@@ -18,6 +15,7 @@
 #include <string.h>
 
 #include "kw_err.h"
+#include "kw_json.h"
 
 /* Which directions a parse accepts. */
 enum { ACCEPT_REQUEST = 1, ACCEPT_REPLY = 2, ACCEPT_ANY = 3 };
@@ -121,220 +119,20 @@ int kw_proto_peek(const uint8_t *buf, size_t len, uint16_t *type,
     return check_head(buf, len, ACCEPT_ANY, type, header_len, payload_len);
 }
 
-/* Length of the valid UTF-8 sequence at p (RFC 3629: no overlong forms, no
- * surrogates, nothing above U+10FFFF), or 0 when it is not one. */
-static size_t utf8_len(const unsigned char *p, const unsigned char *end)
-{
-    if (p[0] < 0x80)
-        return 1;
-    size_t n;
-    unsigned lo = 0x80, hi = 0xBF;
-    if (p[0] >= 0xC2 && p[0] <= 0xDF) {
-        n = 2;
-    } else if (p[0] >= 0xE0 && p[0] <= 0xEF) {
-        n = 3;
-        lo = p[0] == 0xE0 ? 0xA0 : 0x80;
-        hi = p[0] == 0xED ? 0x9F : 0xBF;
-    } else if (p[0] >= 0xF0 && p[0] <= 0xF4) {
-        n = 4;
-        lo = p[0] == 0xF0 ? 0x90 : 0x80;
-        hi = p[0] == 0xF4 ? 0x8F : 0xBF;
-    } else {
-        return 0;
-    }
-    if ((size_t)(end - p) < n || p[1] < lo || p[1] > hi)
-        return 0;
-    for (size_t i = 2; i < n; i++)
-        if (p[i] < 0x80 || p[i] > 0xBF)
-            return 0;
-    return n;
-}
-
-static bool is_digit(unsigned char c)
-{
-    return c >= '0' && c <= '9';
-}
-
-/* Length of the RFC 8259 number at p, or 0 when the text there is not one:
- * -? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?  A number must end
- * at a delimiter, so "01" and "1.2.3" are refused rather than split. */
-static size_t number_len(const unsigned char *p, const unsigned char *end)
-{
-    const unsigned char *q = p;
-    if (q < end && *q == '-')
-        q++;
-    if (q >= end || !is_digit(*q))
-        return 0;
-    if (*q == '0')
-        q++;
-    else
-        while (q < end && is_digit(*q))
-            q++;
-    if (q < end && *q == '.') {
-        const unsigned char *d = ++q;
-        while (q < end && is_digit(*q))
-            q++;
-        if (q == d)
-            return 0;
-    }
-    if (q < end && (*q == 'e' || *q == 'E')) {
-        q++;
-        if (q < end && (*q == '+' || *q == '-'))
-            q++;
-        const unsigned char *d = q;
-        while (q < end && is_digit(*q))
-            q++;
-        if (q == d)
-            return 0;
-    }
-    if (q < end && (*q == '.' || is_digit(*q) || *q == 'e' || *q == 'E' ||
-                    *q == '+' || *q == '-'))
-        return 0;
-    return (size_t)(q - p);
-}
-
-/* Length of the string token element at s[i] (inside a string), or 0 when
- * it is forbidden: a raw control character, "\u0000" (cJSON strings end at
- * a NUL, so "a\u0000b" would quietly read as "a"), invalid UTF-8, or a
- * backslash before anything but printable ASCII.  cJSON judges the rest of
- * each escape. */
-static size_t string_elem_len(const unsigned char *s, size_t i, size_t len)
-{
-    if (s[i] < 0x20)
-        return 0;
-    if (s[i] != '\\')
-        return utf8_len(s + i, s + len);
-    if (len - i >= 6 && memcmp(s + i, "\\u0000", 6) == 0)
-        return 0;
-    if (i + 1 == len)
-        return 1; /* truncated: cJSON reports it */
-    return s[i + 1] > 0x20 && s[i + 1] < 0x7F ? 2 : 0;
-}
-
-/* Outside strings: JSON whitespace, ASCII tokens and a nesting depth of at
- * most KW_PROTO_MAX_DEPTH.  Returns the bytes consumed at s[i], 0 when the
- * byte is refused. */
-static size_t token_len(const unsigned char *s, size_t i, size_t len,
-                        unsigned *depth)
-{
-    unsigned char c = s[i];
-    if ((c < 0x20 && c != ' ' && c != '\t' && c != '\n' && c != '\r') ||
-        c >= 0x7F)
-        return 0; /* NUL, control "whitespace", BOM, stray UTF-8 */
-    if (c == '[' || c == '{') {
-        if (++*depth > KW_PROTO_MAX_DEPTH)
-            return 0;
-    } else if ((c == ']' || c == '}') && *depth > 0) {
-        --*depth;
-    } else if (c == '-' || is_digit(c)) {
-        return number_len(s + i, s + len);
-    }
-    return 1;
-}
-
-/* The lexical pass described at the top of this file, over len bytes.
- * true when clean; cJSON then judges the grammar. */
-static bool lex_ok(const unsigned char *s, size_t len)
-{
-    bool in_str = false;
-    unsigned depth = 0;
-    for (size_t i = 0; i < len;) {
-        size_t n;
-        if (in_str) {
-            n = string_elem_len(s, i, len);
-            if (n == 1 && s[i] == '"')
-                in_str = false;
-        } else {
-            n = s[i] == '"' ? 1 : token_len(s, i, len, &depth);
-            if (s[i] == '"')
-                in_str = true;
-        }
-        if (n == 0)
-            return false;
-        i += n;
-    }
-    return true;
-}
-
-static int cmp_names(const void *a, const void *b)
-{
-    return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
-
-/* Returns 1 when two members of the object node share a name, else 0, or
- * KW_ENOMEM.  Sorting keeps a 64 KiB header of 10^4 members O(n log n). */
-static int object_has_duplicate(const cJSON *node)
-{
-    size_t n = 0;
-    for (const cJSON *c = node->child; c != NULL; c = c->next)
-        n++;
-    if (n < 2)
-        return 0;
-    const char **names = malloc(n * sizeof *names);
-    if (names == NULL)
-        return KW_ENOMEM;
-    size_t i = 0;
-    for (const cJSON *c = node->child; c != NULL; c = c->next)
-        names[i++] = c->string != NULL ? c->string : "";
-    qsort(names, n, sizeof *names, cmp_names);
-    int dup = 0;
-    for (i = 1; i < n && !dup; i++)
-        dup = strcmp(names[i - 1], names[i]) == 0;
-    free(names);
-    return dup;
-}
-
-/* Walks the tree under node: returns 1 when it holds a duplicate member
- * name or an item cJSON prints verbatim (cJSON_Raw, which nothing here
- * could vouch for), 0 when clean, or KW_ENOMEM.  The lexical pass (or, for
- * encoding, the printed text's) bounds the recursion to KW_PROTO_MAX_DEPTH. */
-static int tree_bad(const cJSON *node)
-{
-    if (cJSON_IsRaw(node) || cJSON_IsInvalid(node))
-        return 1;
-    if (cJSON_IsObject(node)) {
-        int rc = object_has_duplicate(node);
-        if (rc != 0)
-            return rc;
-    }
-    for (const cJSON *c = node->child; c != NULL; c = c->next) {
-        int rc = tree_bad(c);
-        if (rc != 0)
-            return rc;
-    }
-    return 0;
-}
-
-/* Parses the len-byte JSON header at s into *out (a new object tree).
- * Returns 0, KW_EPROTO or KW_ENOMEM.  cJSON returns NULL for running out
- * of memory as for bad syntax, so OOM inside cJSON reads as KW_EPROTO. */
+/* Parses the len-byte JSON header at s into *out (a new object tree) by
+ * kw_json.h's rules.  Returns 0, KW_EPROTO or KW_ENOMEM.  cJSON returns
+ * NULL for running out of memory as for bad syntax, so OOM inside cJSON
+ * reads as KW_EPROTO. */
 static int parse_header(const uint8_t *s, size_t len, cJSON **out)
 {
     if (len == 0) {
         *out = cJSON_CreateObject();
         return *out != NULL ? 0 : KW_ENOMEM;
     }
-    if (!lex_ok(s, len))
-        return KW_EPROTO;
-    /* cJSON checks "nothing after the root" by finding a NUL inside the
-     * length it is given; the frame has none, so parse a terminated copy.
-     * len is at most KW_PROTO_MAX_HEADER and its bytes are all present. */
-    char *text = malloc(len + 1);
-    if (text == NULL)
-        return KW_ENOMEM;
-    memcpy(text, s, len);
-    text[len] = '\0';
-    cJSON *root = cJSON_ParseWithLengthOpts(text, len + 1, NULL, 1);
-    free(text);
-    int rc = root == NULL || !cJSON_IsObject(root) ? KW_EPROTO : 0;
-    if (rc == 0)
-        rc = tree_bad(root);
-    if (rc != 0) {
-        cJSON_Delete(root);
-        return rc == 1 ? KW_EPROTO : rc;
-    }
-    *out = root;
-    return 0;
+    /* len is at most KW_PROTO_MAX_HEADER and its bytes are all present. */
+    int rc = kw_json_parse((const char *)s, len, KW_PROTO_MAX_DEPTH, out,
+                           NULL, 0);
+    return rc == KW_EJSON ? KW_EPROTO : rc;
 }
 
 /* kw_proto_parse() restricted to the directions in accept. */
@@ -418,15 +216,18 @@ static int print_header(const cJSON *header, char **text, size_t *len)
         return 0;
     if (!cJSON_IsObject(header))
         return KW_EINVAL;
+    /* The tree first: its walk bounds the depth before cJSON's printer
+     * recurses, and it refuses duplicate names and cJSON_Raw items. */
+    int rc = kw_json_check_tree(header, KW_PROTO_MAX_DEPTH, NULL, 0);
+    if (rc != 0)
+        return rc == KW_EJSON ? KW_EINVAL : rc;
     char *s = cJSON_PrintUnformatted(header);
     if (s == NULL)
         return KW_ENOMEM;
     size_t n = strlen(s);
-    int rc = n > KW_PROTO_MAX_HEADER ? KW_E2BIG : 0;
-    /* The lexical pass first: it bounds tree_bad()'s recursion. */
-    if (rc == 0 && !lex_ok((const unsigned char *)s, n))
-        rc = KW_EINVAL;
-    if (rc == 0 && (rc = tree_bad(header)) == 1)
+    rc = n > KW_PROTO_MAX_HEADER ? KW_E2BIG : 0;
+    /* The text: strings hold valid UTF-8 and no "\u0000". */
+    if (rc == 0 && kw_json_check_text(s, n, KW_PROTO_MAX_DEPTH, NULL, 0) < 0)
         rc = KW_EINVAL;
     if (rc != 0) {
         free(s);
@@ -501,7 +302,7 @@ static char *sanitize_msg(const char *msg)
         return NULL;
     const unsigned char *u = (const unsigned char *)msg;
     for (size_t i = 0; i < n;) {
-        size_t k = utf8_len(u + i, u + n);
+        size_t k = kw_json_utf8_len(u + i, u + n);
         if (k == 0) {
             s[i++] = '?';
             continue;

@@ -1,10 +1,9 @@
-/* json.c: strict reading of config and deployment files.
+/* json.c: reading config and deployment files.
  *
- * cJSON parses leniently in a few ways the spec forbids: leading zeros,
- * "1." and raw control characters in strings are accepted, duplicate
- * member names are kept, and a NUL byte ends the text early.  One lexical
- * pass below rejects those before cJSON builds the tree, and a walk of the
- * tree rejects duplicate names, so the tree we read is the RFC 8259 one.
+ * The JSON itself is read by common/'s strict reader (kw_json.h), the one
+ * the protocol uses too, so a file and a request header holding the same
+ * text are judged by the same rules.  What is left here is config-specific:
+ * the capped file read, integer fields and the message format.
  */
 #include "internal.h"
 
@@ -20,6 +19,7 @@
 
 #include "kw_config.h"
 #include "kw_err.h"
+#include "kw_json.h"
 
 void kw__config_errf(char *err, size_t errlen, const char *fmt, ...)
 {
@@ -107,218 +107,19 @@ int kw__config_read_file(const char *path, char **buf, size_t *len, char *err,
     return rc;
 }
 
-/* Length of the valid UTF-8 sequence at p (RFC 3629: no overlong forms, no
- * surrogates, nothing above U+10FFFF), or 0 when it is not one. */
-static size_t utf8_len(const unsigned char *p, const unsigned char *end)
-{
-    if (p[0] < 0x80)
-        return 1;
-    size_t n;
-    unsigned lo = 0x80, hi = 0xBF;
-    if (p[0] >= 0xC2 && p[0] <= 0xDF)
-        n = 2;
-    else if (p[0] >= 0xE0 && p[0] <= 0xEF) {
-        n = 3;
-        lo = p[0] == 0xE0 ? 0xA0 : 0x80;
-        hi = p[0] == 0xED ? 0x9F : 0xBF;
-    } else if (p[0] >= 0xF0 && p[0] <= 0xF4) {
-        n = 4;
-        lo = p[0] == 0xF0 ? 0x90 : 0x80;
-        hi = p[0] == 0xF4 ? 0x8F : 0xBF;
-    } else
-        return 0;
-    if ((size_t)(end - p) < n || p[1] < lo || p[1] > hi)
-        return 0;
-    for (size_t i = 2; i < n; i++)
-        if (p[i] < 0x80 || p[i] > 0xBF)
-            return 0;
-    return n;
-}
-
-/* Length of the RFC 8259 number at p, or 0 when the text there is not one:
- * -? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)? */
-static size_t number_len(const char *p, const char *end)
-{
-    const char *q = p;
-    if (q < end && *q == '-')
-        q++;
-    if (q >= end || *q < '0' || *q > '9')
-        return 0;
-    if (*q == '0')
-        q++;
-    else
-        while (q < end && *q >= '0' && *q <= '9')
-            q++;
-    if (q < end && *q == '.') {
-        const char *d = ++q;
-        while (q < end && *q >= '0' && *q <= '9')
-            q++;
-        if (q == d)
-            return 0;
-    }
-    if (q < end && (*q == 'e' || *q == 'E')) {
-        q++;
-        if (q < end && (*q == '+' || *q == '-'))
-            q++;
-        const char *d = q;
-        while (q < end && *q >= '0' && *q <= '9')
-            q++;
-        if (q == d)
-            return 0;
-    }
-    /* A number runs up to a delimiter; "01" or "1.2.3" stop early. */
-    if (q < end && (*q == '.' || (*q >= '0' && *q <= '9') || *q == 'e' ||
-                    *q == 'E' || *q == '+' || *q == '-'))
-        return 0;
-    return (size_t)(q - p);
-}
-
-/* Reports the line and column of offset off in buf. */
-static void err_at(char *err, size_t errlen, const char *name,
-                   const char *buf, size_t off, const char *what)
-{
-    size_t line = 1, col = 1;
-    for (size_t i = 0; i < off; i++) {
-        if (buf[i] == '\n') {
-            line++;
-            col = 1;
-        } else
-            col++;
-    }
-    kw__config_errf(err, errlen, "%s: line %zu column %zu: %s", name, line,
-                    col, what);
-}
-
-/* The lexical pass described at the top of this file.  Returns the offset
- * of the first offending byte and sets *what, or returns len when clean. */
-static size_t lex_check(const char *buf, size_t len, const char **what)
-{
-    const unsigned char *u = (const unsigned char *)buf, *end = u + len;
-    int in_str = 0;
-    for (size_t i = 0; i < len;) {
-        size_t n = utf8_len(u + i, end);
-        if (u[i] == 0 || n == 0) {
-            *what = u[i] == 0 ? "NUL byte in JSON text" : "invalid UTF-8";
-            return i;
-        }
-        if (in_str) {
-            if (u[i] < 0x20) {
-                *what = "control character in string";
-                return i;
-            }
-            if (u[i] == '\\' && len - i >= 6 && memcmp(buf + i, "\\u0000", 6) == 0) {
-                /* cJSON keeps strings NUL-terminated: "a\u0000b" would
-                 * silently read as "a". */
-                *what = "\\u0000 in a string is not supported";
-                return i;
-            }
-            if (u[i] == '\\')
-                n = i + 1 < len ? 2 : 1;
-            else if (u[i] == '"')
-                in_str = 0;
-        } else if (u[i] == '"') {
-            in_str = 1;
-        } else if (u[i] == '-' || (u[i] >= '0' && u[i] <= '9')) {
-            n = number_len(buf + i, buf + len);
-            if (n == 0) {
-                *what = "malformed number";
-                return i;
-            }
-        }
-        i += n;
-    }
-    return len;
-}
-
-static int cmp_names(const void *a, const void *b)
-{
-    return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
-
-/* Finds an object member name used twice anywhere under node, writing the
- * pointer of the second use into ptr.  Returns 1 when found, 0 when none,
- * KW_ENOMEM.  cJSON caps nesting at 1000 levels, which bounds the recursion. */
-static int find_duplicate(const cJSON *node, char *ptr, size_t cap)
-{
-    size_t n = 0, base = strlen(ptr);
-    for (const cJSON *c = node->child; c != NULL; c = c->next)
-        n++;
-    if (cJSON_IsObject(node) && n > 1) {
-        const char **names = malloc(n * sizeof *names);
-        if (names == NULL)
-            return KW_ENOMEM;
-        size_t i = 0;
-        for (const cJSON *c = node->child; c != NULL; c = c->next)
-            names[i++] = c->string;
-        qsort(names, n, sizeof *names, cmp_names);
-        const char *dup = NULL;
-        for (i = 1; i < n && dup == NULL; i++)
-            if (strcmp(names[i - 1], names[i]) == 0)
-                dup = names[i];
-        if (dup != NULL)
-            kw__config_ptr_append(ptr, cap, dup);
-        free(names);
-        if (dup != NULL)
-            return 1;
-    }
-    size_t idx = 0;
-    for (const cJSON *c = node->child; c != NULL; c = c->next, idx++) {
-        char tok[32];
-        snprintf(tok, sizeof tok, "%zu", idx);
-        kw__config_ptr_append(ptr, cap, cJSON_IsObject(node) ? c->string : tok);
-        int rc = find_duplicate(c, ptr, cap);
-        if (rc != 0)
-            return rc;
-        ptr[base] = '\0';
-    }
-    return 0;
-}
+/* How deep a config or deployment may nest.  Real configs nest a few
+ * levels; this leaves room for odd wrappers and stays well under cJSON's
+ * own recursion limit of 1000. */
+#define CONFIG_MAX_DEPTH 512u
 
 int kw__config_parse(const char *name, const char *buf, size_t len,
                      cJSON **out, char *err, size_t errlen)
 {
-    const char *what = NULL;
-    size_t bad = lex_check(buf, len, &what);
-    if (bad < len) {
-        err_at(err, errlen, name, buf, bad, what);
-        return KW_EJSON;
-    }
-    /* cJSON wants a terminating NUL inside the length it is given when it
-     * must check that nothing trails the root; buf need not have one. */
-    char *text = malloc(len + 1);
-    if (text == NULL)
-        return KW_ENOMEM;
-    memcpy(text, buf, len);
-    text[len] = '\0';
-    const char *stop = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(text, len + 1, &stop, 1);
-    size_t off = stop != NULL && stop >= text ? (size_t)(stop - text) : 0;
-    free(text);
-    if (root == NULL) {
-        if (off > len)
-            off = len;
-        err_at(err, errlen, name, buf, off,
-               off >= len ? "truncated JSON" : "malformed JSON");
-        return KW_EJSON;
-    }
-    if (!cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        kw__config_errf(err, errlen, "%s: /: the root is not a JSON object",
-                        name);
-        return KW_EJSON;
-    }
-    char ptr[KW_CONFIG_MAX_POINTER] = "";
-    int rc = find_duplicate(root, ptr, sizeof ptr);
-    if (rc != 0) {
-        cJSON_Delete(root);
-        if (rc < 0)
-            return rc;
-        kw__config_errf(err, errlen, "%s: %s: duplicate member name", name,
-                        ptr);
-        return KW_EJSON;
-    }
-    *out = root;
-    return 0;
+    char why[KW_JSON_ERRLEN] = "";
+    int rc = kw_json_parse(buf, len, CONFIG_MAX_DEPTH, out, why, sizeof why);
+    if (rc == KW_EJSON)
+        kw__config_errf(err, errlen, "%s: %s", name, why);
+    return rc;
 }
 
 /* Names a JSON value's type for messages. */
@@ -358,23 +159,5 @@ int kw__config_int(const cJSON *item, const char *name, const char *ptr,
 
 int kw__config_ptr_append(char *buf, size_t cap, const char *token)
 {
-    size_t n = strlen(buf);
-    if (n + 1 >= cap)
-        return KW_ENOSPC;
-    buf[n++] = '/';
-    for (const char *p = token; *p != '\0'; p++) {
-        const char *esc = *p == '~' ? "~0" : *p == '/' ? "~1" : NULL;
-        size_t k = esc != NULL ? 2 : 1;
-        if (n + k >= cap) {
-            buf[n] = '\0';
-            return KW_ENOSPC;
-        }
-        if (esc != NULL)
-            memcpy(buf + n, esc, 2);
-        else
-            buf[n] = *p;
-        n += k;
-    }
-    buf[n] = '\0';
-    return 0;
+    return kw_json_pointer_append(buf, cap, token);
 }

@@ -1,6 +1,11 @@
 /* test_json.c: strict JSON reading of config files (spec/warmup-keys.md
- * §1): one negative test per rule, and file-level failures. */
+ * §1): one negative test per rule, and file-level failures; then the
+ * shared reader (common/kw_json.h) on its own. */
 #include "config_util.h"
+
+#include <math.h>
+
+#include "kw_json.h"
 
 /* ---- §1: strict JSON, one test per rule --------------------------------- */
 
@@ -229,6 +234,41 @@ Test(json, rejects_deep_nesting_cleanly)
     free(json);
 }
 
+/* Only space, tab, LF and CR separate tokens: cJSON alone would skip any
+ * byte <= 0x20 as whitespace. */
+Test(json, rejects_control_byte_between_tokens)
+{
+    static const char *const docs[] = {
+        "{\"index_topk\":\x01 8}", "\x0b{\"index_topk\": 8}",
+        "{\"index_topk\": 8}\x0c", "{\"index_topk\": 8,\x1f\"x\": 1}",
+        "{\x7f\"index_topk\": 8}", "{\"index_topk\": 8}\x1b",
+    };
+    for (size_t i = 0; i < N(docs); i++)
+        reject(docs[i], NULL);
+}
+
+Test(json, rejects_byte_order_mark)
+{
+    reject("\xef\xbb\xbf{\"index_topk\": 8}", NULL);
+    reject("{\"index_topk\": 8}\xef\xbb\xbf", NULL);
+    reject("{\xef\xbb\xbf\"index_topk\": 8}", NULL);
+}
+
+/* RFC grammar, but no double holds the value: refused as JSON, with the
+ * pointer, not read as infinity by one reader and a range error by
+ * another. */
+Test(json, rejects_number_that_overflows_a_double)
+{
+    reject("{\"index_topk\": 8, \"x\": 1e400}", "/x");
+    reject("{\"index_topk\": 8, \"x\": [1, -1e400]}", "/x/1");
+    reject("{\"index_topk\": 8, \"max_position_embeddings\": 1e400}",
+           "/max_position_embeddings");
+    reject("{\"index_topk\": 8, \"x\": 2E+309}", "/x");
+    static const char *const ok[] = {"1e-400", "1.7976931348623157e308",
+                                     "-4.9e-324"};
+    accept_raw_values(ok, N(ok));
+}
+
 Test(json, member_names_are_case_sensitive)
 {
     reject("{\"Index_topk\": 8}", "/");
@@ -427,4 +467,142 @@ Test(json, ratio_lists_follow_spec)
     expect_ratios("{\"index_topk\": 8, \"compress_ratios\": [4, 4, 1], "
                   "\"index_kpool\": 4}",
                   (int64_t[]){4, 1}, 2, (int64_t[]){4}, 1);
+}
+
+/* ---- the shared reader (kw_json.h) -------------------------------------- */
+
+/* kw_json_parse() of json with max_depth; the message goes to err. */
+static int jparse(const char *json, size_t len, unsigned depth, char *err)
+{
+    cJSON *root = NULL;
+    err[0] = '\0';
+    int rc = kw_json_parse(json, len, depth, &root, err, KW_JSON_ERRLEN);
+    cr_assert(rc == 0 || root == NULL, "tree set on error");
+    cJSON_Delete(root);
+    return rc;
+}
+
+Test(json_reader, messages_name_line_column_and_byte)
+{
+    char err[KW_JSON_ERRLEN];
+    const char *bad = "{\"a\": 1,\n \x01\"b\": 2}";
+    cr_assert_eq(jparse(bad, strlen(bad), 8, err), KW_EJSON);
+    cr_expect_str_eq(err, "line 2 column 2 (byte 10): control byte between "
+                          "tokens");
+    cr_assert_eq(jparse("\xef\xbb\xbf{}", 5, 8, err), KW_EJSON);
+    cr_expect_str_eq(err, "line 1 column 1 (byte 0): byte-order mark");
+    cr_assert_eq(jparse("{\"a\": 01}", 9, 8, err), KW_EJSON);
+    cr_expect_str_eq(err, "line 1 column 7 (byte 6): malformed number");
+    cr_assert_eq(jparse("{\"a\": 1", 7, 8, err), KW_EJSON);
+    cr_expect(strstr(err, "truncated JSON") != NULL, "%s", err);
+    cr_assert_eq(jparse("[]", 2, 8, err), KW_EJSON);
+    cr_expect_str_eq(err, "/: the root is not a JSON object");
+}
+
+Test(json_reader, messages_name_the_pointer_for_tree_faults)
+{
+    char err[KW_JSON_ERRLEN];
+    const char *dup = "{\"a\": [{\"k~/\": 1, \"k~/\": 2}]}";
+    cr_assert_eq(jparse(dup, strlen(dup), 8, err), KW_EJSON);
+    cr_expect_str_eq(err, "/a/0/k~0~1: duplicate member name");
+    const char *big = "{\"a\": {\"b\": 1e400}}";
+    cr_assert_eq(jparse(big, strlen(big), 8, err), KW_EJSON);
+    cr_expect_str_eq(err, "/a/b: number out of the range of a double");
+    /* A name holding an escaped newline still gives one line. */
+    const char *nl = "{\"a\\nb\": 1, \"a\\nb\": 2}";
+    cr_assert_eq(jparse(nl, strlen(nl), 8, err), KW_EJSON);
+    cr_expect(strchr(err, '\n') == NULL, "%s", err);
+}
+
+/* Builds OPEN*depth CLOSE*depth with "{}" innermost: depth + 1 levels. */
+static char *nest_objects(unsigned depth)
+{
+    char *s = malloc(8 * (size_t)depth + 3);
+    cr_assert_not_null(s);
+    size_t k = 0;
+    for (unsigned i = 0; i < depth; i++, k += 6)
+        memcpy(s + k, "{\"a\": ", 6);
+    memcpy(s + k, "{}", 2);
+    k += 2;
+    for (unsigned i = 0; i < depth; i++)
+        s[k++] = '}';
+    s[k] = '\0';
+    return s;
+}
+
+Test(json_reader, depth_cap_is_a_parameter)
+{
+    char err[KW_JSON_ERRLEN];
+    char *s = nest_objects(4); /* 5 levels */
+    cr_expect_eq(jparse(s, strlen(s), 5, err), 0, "%s", err);
+    cr_expect_eq(jparse(s, strlen(s), 4, err), KW_EJSON);
+    cr_expect(strstr(err, "nesting deeper than 4 levels") != NULL, "%s", err);
+    free(s);
+    s = nest_objects(100000); /* far past cJSON's 1000, refused first */
+    cr_expect_eq(jparse(s, strlen(s), 1000, err), KW_EJSON);
+    free(s);
+}
+
+Test(json_reader, reads_only_len_bytes)
+{
+    char err[KW_JSON_ERRLEN];
+    cr_expect_eq(jparse("{\"a\": 1}\x01garbage", 8, 4, err), 0, "%s", err);
+    cr_expect_eq(jparse("{\"a\": 12", 7, 4, err), KW_EJSON);
+}
+
+Test(json_reader, check_tree_judges_trees_built_in_memory)
+{
+    char err[KW_JSON_ERRLEN];
+    cJSON *o = cJSON_CreateObject();
+    cr_assert_not_null(o);
+    cr_expect_eq(kw_json_check_tree(o, 4, err, sizeof err), 0);
+    cJSON_AddNumberToObject(o, "n", HUGE_VAL);
+    cr_expect_eq(kw_json_check_tree(o, 4, err, sizeof err), KW_EJSON);
+    cr_expect_str_eq(err, "/n: number out of the range of a double");
+    cJSON_DeleteItemFromObject(o, "n");
+    cJSON_AddNumberToObject(o, "n", 1);
+    cJSON_AddNumberToObject(o, "n", 2);
+    cr_expect_eq(kw_json_check_tree(o, 4, err, sizeof err), KW_EJSON);
+    cr_expect_str_eq(err, "/n: duplicate member name");
+    cJSON_Delete(o);
+    o = cJSON_CreateObject();
+    cJSON_AddRawToObject(o, "r", "1");
+    cr_expect_eq(kw_json_check_tree(o, 4, err, sizeof err), KW_EJSON);
+    cJSON_Delete(o);
+    /* A deep tree is cut at the cap, not walked to its end. */
+    cJSON *root = cJSON_CreateArray(), *cur = root;
+    for (int i = 0; i < 100000; i++) {
+        cJSON *next = cJSON_CreateArray();
+        cJSON_AddItemToArray(cur, next);
+        cur = next;
+    }
+    cr_expect_eq(kw_json_check_tree(root, 32, err, sizeof err), KW_EJSON);
+    cr_expect(strstr(err, "nesting deeper than 32 levels") != NULL, "%s", err);
+    /* cJSON_Delete recurses; unlink level by level to free it. */
+    while (root != NULL) {
+        cJSON *child = cJSON_DetachItemFromArray(root, 0);
+        cJSON_Delete(root);
+        root = child;
+    }
+}
+
+Test(json_reader, pointer_append_escapes_and_reports_overflow)
+{
+    char buf[16] = "";
+    cr_expect_eq(kw_json_pointer_append(buf, sizeof buf, "a/b~c"), 0);
+    cr_expect_str_eq(buf, "/a~1b~0c");
+    cr_expect_eq(kw_json_pointer_append(buf, sizeof buf, "0123456789"),
+                 KW_ENOSPC);
+    cr_expect_lt(strlen(buf), sizeof buf);
+}
+
+Test(json_reader, utf8_len_follows_rfc_3629)
+{
+    const unsigned char *s = (const unsigned char *)"\xf0\x9f\x98\x80";
+    cr_expect_eq(kw_json_utf8_len(s, s + 4), 4u);
+    cr_expect_eq(kw_json_utf8_len(s, s + 3), 0u); /* cut by end */
+    s = (const unsigned char *)"\xed\xa0\x80";      /* surrogate */
+    cr_expect_eq(kw_json_utf8_len(s, s + 3), 0u);
+    s = (const unsigned char *)"\xc0\x80"; /* overlong */
+    cr_expect_eq(kw_json_utf8_len(s, s + 2), 0u);
 }

@@ -2,6 +2,8 @@
  * agreement with it, and the logging helpers. */
 #include "proto_util.h"
 
+#include <math.h>
+
 /* ---- fuzz --------------------------------------------------------------- */
 
 static uint64_t rng_next(uint64_t *s)
@@ -201,6 +203,10 @@ Test(proto_fuzz, encode_refuses_what_parse_would_refuse)
     char *deep = nested(KW_PROTO_MAX_DEPTH + 1);
     cr_assert_eq(enc_json_rc(deep), KW_EINVAL);
     free(deep);
+    cJSON *inf = cJSON_CreateObject(); /* cJSON would print null */
+    cJSON_AddNumberToObject(inf, "a", HUGE_VAL);
+    cr_assert_eq(enc_rc(KW_PROTO_GET, inf, NULL, 0), KW_EINVAL);
+    cJSON_Delete(inf);
     cJSON_AddRawToObject(h, "a", "01"); /* printed verbatim: refused */
     cr_assert_eq(enc_rc(KW_PROTO_GET, h, NULL, 0), KW_EINVAL);
     cJSON_Delete(h);
