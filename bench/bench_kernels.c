@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "kw_config.h"
-#include "kw_cuda.h"
+#include "cuda_dev.h" /* kw_cuda, kw_cuda_dev_ops */
 #include "kw_err.h"
 #include "kw_keys.h"
 #include "bench_util.h"

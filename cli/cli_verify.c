@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "kw_cache.h"
-#include "kw_cuda.h"
+#include "cuda_dev.h" /* kw_cuda, kw_cuda_dev_ops */
 #include "kw_err.h"
 #include "kw_parse.h"
 

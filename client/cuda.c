@@ -8,6 +8,7 @@
  * check(), which records the call and cuGetErrorName() in the handle.
  */
 #include "kw_cuda.h"
+#include "cuda_dev.h" /* kw_cuda_dev_ops: the kernels/ adapter */
 
 #include <assert.h>
 #include <cuda.h>

@@ -22,8 +22,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kw_kernels.h" /* kw_k_dev */
-
 typedef struct kw_cuda kw_cuda;             /* driver + primary context */
 typedef struct kw_cuda_fn kw_cuda_fn;       /* loaded module + one entry */
 typedef struct kw_cuda_timer kw_cuda_timer; /* a pair of CUDA events */
@@ -104,10 +102,5 @@ int kw_cuda_timer_start(kw_cuda_timer *t);
 /* Records the stop event, waits for it, and stores the milliseconds since
  * the last kw_cuda_timer_start() in *ms.  0 or KW_ECUDA. */
 int kw_cuda_timer_stop_ms(kw_cuda_timer *t, float *ms);
-
-/* Fills out with device operations on fn's context whose launch launches fn
- * (for the kernels/ checks).  out->ctx is fn: the operations are valid until
- * kw_cuda_unload(fn).  c must be the handle fn was loaded from. */
-void kw_cuda_dev_ops(kw_cuda *c, kw_cuda_fn *fn, kw_k_dev *out);
 
 #endif /* KW_CUDA_H */
