@@ -192,7 +192,14 @@ void kw__pool_cancel(kw__pool *p);
  * stop has begun.  NULL is a no-op. */
 void kw__pool_stop(kw__pool *p);
 
-/* Number of workers running now (test and stats aid).  Thread-safe. */
-unsigned kw__pool_live_workers(kw__pool *p);
+/* A snapshot of the pool's counters (stats, and tests that wait for a
+ * state).  Thread-safe; NULL p or out is a no-op. */
+typedef struct kw__pool_counts {
+    unsigned live;     /* worker processes running now */
+    unsigned busy;     /* callers holding a worker (compiling) */
+    unsigned waiting;  /* callers waiting for a free worker */
+    uint64_t replaced; /* workers killed or lost and started again */
+} kw__pool_counts;
+void kw__pool_get_counts(kw__pool *p, kw__pool_counts *out);
 
 #endif /* KW_WARM_POOL_H */

@@ -1,0 +1,593 @@
+/* test_pool.c: warm/'s compile worker pool and its helper, kwarm-compile
+ * (issue 10, point 2): real compiles equal in-process ones, many callers,
+ * crashes, hangs and memory limits fail one key and replace the worker,
+ * cancel is prompt, and nothing (children, fds) is left behind. */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kw_config.h"
+#include "kw_err.h"
+#include "kw_keys.h"
+#include "kw_test_util.h"
+#include "pool.h"
+#include "pool_frame.h"
+
+/* ---- helpers ------------------------------------------------------------ */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static kw__pool *start_pool(unsigned jobs, unsigned timeout_ms,
+                            uint64_t mem_limit)
+{
+    kw__pool_opts o = {.helper = KW_COMPILE_HELPER_BIN, .jobs = jobs,
+                       .timeout_ms = timeout_ms, .mem_limit = mem_limit};
+    kw__pool *p = NULL;
+    char err[512] = "";
+    cr_assert_eq(kw__pool_start(&p, &o, err, sizeof err), 0, "%s", err);
+    cr_assert_not_null(p);
+    return p;
+}
+
+/* One key of every family the fixtures use (at DCP world 2 each). */
+static void one_key_per_family(kw_keys_key out[KW_K_NFAMILIES])
+{
+    static const char *const fixtures[] = {
+        "deepseek-v3.2-exp.json", "deepseek-v4-flash.json", "glm-5.2.json",
+        "glm-5-next-kpool.json", "composite-text-config.json"};
+    bool have[KW_K_NFAMILIES] = {false};
+    for (size_t f = 0; f < sizeof fixtures / sizeof *fixtures; f++) {
+        char path[512], err[KW_CONFIG_ERRLEN];
+        kw_config_model m;
+        kw_config_deploy d;
+        kw_keys_set s;
+        snprintf(path, sizeof path, "%s/%s", KW_FIXTURES, fixtures[f]);
+        kw_config_deploy_init(&d);
+        cr_assert_eq(kw_config_deploy_set_flag(&d, KW_CONFIG_DCP_WORLD, "2",
+                                               err, sizeof err), 0, "%s", err);
+        cr_assert_eq(kw_config_load(&m, path, NULL, err, sizeof err), 0, "%s",
+                     err);
+        cr_assert_eq(kw_config_resolve(&d, &m, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(kw_keys_derive(&m, &d, &s, err, sizeof err), 0, "%s",
+                     err);
+        for (size_t i = 0; i < s.nkeys; i++)
+            if (!have[s.keys[i].family]) {
+                have[s.keys[i].family] = true;
+                out[s.keys[i].family] = s.keys[i];
+            }
+        kw_keys_set_destroy(&s);
+        kw_config_model_destroy(&m);
+        kw_config_deploy_destroy(&d);
+    }
+    for (int f = 0; f < KW_K_NFAMILIES; f++)
+        cr_assert(have[f], "no fixture has a key of family %s",
+                  kw_keys_family_name((kw_k_family)f));
+}
+
+/* A synthetic key for the instant mode: family f, digest from n. */
+static kw_keys_key fake_key(kw_k_family f, uint32_t n)
+{
+    kw_keys_key k;
+    memset(&k, 0, sizeof k);
+    k.family = f;
+    memcpy(k.arch, "sm_90", 6);
+    for (size_t i = 0; i < KW_KEYS_DIGEST_LEN; i++)
+        k.digest[i] = (uint8_t)(n >> (8 * (i % 4))) ^ (uint8_t)i;
+    return k;
+}
+
+static int count_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    cr_assert_not_null(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n - 1; /* the DIR's own fd */
+}
+
+/* True when this process has no child at all, zombie or running. */
+static bool no_children(void)
+{
+    int st;
+    return waitpid(-1, &st, WNOHANG) < 0 && errno == ECHILD;
+}
+
+/* Waits (bounded) until the pool's counts reach busy and waiting. */
+static void wait_for_counts(kw__pool *p, unsigned busy, unsigned waiting)
+{
+    double t0 = now_s();
+    kw__pool_counts c = {0};
+    do {
+        kw__pool_get_counts(p, &c);
+        if (c.busy == busy && c.waiting == waiting)
+            return;
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL); /* polling a condition, not a fixed wait */
+    } while (now_s() - t0 < 30);
+    cr_assert_fail("pool never reached busy %u waiting %u (at %u, %u)", busy,
+                   waiting, c.busy, c.waiting);
+}
+
+/* ---- real compiles ----------------------------------------------------- */
+
+Test(pool, real_compile_of_each_family_equals_in_process_compile,
+     .timeout = 600)
+{
+    kw_keys_key keys[KW_K_NFAMILIES];
+    one_key_per_family(keys);
+    kw__pool *p = start_pool(2, 0, 0);
+    for (int f = 0; f < KW_K_NFAMILIES; f++) {
+        kw__pool_result r;
+        kw_jit_result j;
+        int rc = kw__pool_compile(p, &keys[f], &r);
+        cr_assert_eq(rc, 0, "%s: %s: %s", kw_keys_family_name(f),
+                     kw_strerror(rc), r.log ? r.log : "");
+        cr_assert_eq(kw_keys_compile(&keys[f], false, &j), 0);
+        cr_expect_str_eq(r.entry, j.lowered_name);
+        cr_expect_eq(r.cubin_len, j.cubin_len, "%s", kw_keys_family_name(f));
+        cr_expect(r.cubin_len == j.cubin_len &&
+                      memcmp(r.cubin, j.cubin, j.cubin_len) == 0,
+                  "%s: cubin differs", kw_keys_family_name(f));
+        cr_expect_gt(r.seconds, 0.0);
+        kw_jit_result_destroy(&j);
+        kw__pool_result_destroy(&r);
+    }
+    kw__pool_stop(p);
+}
+
+Test(pool, nvrtc_rejection_returns_envrtc_with_its_log)
+{
+    kw_keys_key keys[KW_K_NFAMILIES];
+    one_key_per_family(keys);
+    /* sm_89 passes the digest but is a real arch; sm_99 is not one NVRTC
+     * knows, so the failure comes from NVRTC's option parser. */
+    kw_keys_key k = keys[KW_K_INDEX_CONVERSION];
+    memcpy(k.arch, "sm_99", 6);
+    kw__pool *p = start_pool(1, 0, 0);
+    kw__pool_result r;
+    int rc = kw__pool_compile(p, &k, &r);
+    cr_assert(rc == KW_ENVRTC || rc == KW_EINVAL, "%s", kw_strerror(rc));
+    cr_assert_not_null(r.log);
+    cr_assert_null(r.cubin);
+    cr_assert_str_eq(r.entry, "");
+    kw__pool_result_destroy(&r);
+    kw__pool_counts c;
+    kw__pool_get_counts(p, &c);
+    cr_assert_eq(c.replaced, 0, "a rejected key must not cost a worker");
+    kw__pool_stop(p);
+}
+
+/* ---- instant mode, many callers ---------------------------------------- */
+
+#define N_THREADS 8
+#define N_PER_THREAD 600
+
+typedef struct many {
+    kw__pool *p;
+    unsigned base;
+    _Atomic unsigned bad;
+} many;
+
+static void *compile_many(void *arg)
+{
+    many *m = arg;
+    for (unsigned i = 0; i < N_PER_THREAD; i++) {
+        kw_keys_key k = fake_key((kw_k_family)(i % KW_K_NFAMILIES),
+                                 m->base + i);
+        kw__pool_result r;
+        bool ok = kw__pool_compile(m->p, &k, &r) == 0 &&
+                  strcmp(r.entry, "kw_test_entry") == 0 &&
+                  r.cubin_len == 8 * KW_KEYS_DIGEST_LEN;
+        for (size_t o = 0; ok && o < r.cubin_len; o += KW_KEYS_DIGEST_LEN)
+            ok = memcmp((uint8_t *)r.cubin + o, k.digest,
+                        KW_KEYS_DIGEST_LEN) == 0;
+        if (!ok)
+            atomic_fetch_add(&m->bad, 1);
+        kw__pool_result_destroy(&r);
+    }
+    return NULL;
+}
+
+Test(pool, instant_mode_serves_thousands_of_keys_from_eight_threads)
+{
+    setenv("KWARM_TEST_INSTANT_COMPILE", "1", 1);
+    kw__pool *p = start_pool(3, 0, 0);
+    many m[N_THREADS];
+    pthread_t t[N_THREADS];
+    for (int i = 0; i < N_THREADS; i++) {
+        m[i] = (many){.p = p, .base = (unsigned)i * 100000u};
+        cr_assert_eq(pthread_create(&t[i], NULL, compile_many, &m[i]), 0);
+    }
+    unsigned bad = 0;
+    for (int i = 0; i < N_THREADS; i++) {
+        pthread_join(t[i], NULL);
+        bad += atomic_load(&m[i].bad);
+    }
+    cr_assert_eq(bad, 0, "%u of %u answers wrong", bad,
+                 N_THREADS * N_PER_THREAD);
+    kw__pool_counts c;
+    kw__pool_get_counts(p, &c);
+    cr_assert_eq(c.live, 3);
+    cr_assert_eq(c.replaced, 0);
+    kw__pool_stop(p);
+}
+
+/* ---- failures that cost a worker ---------------------------------------- */
+
+Test(pool, crash_fails_only_that_key_and_the_worker_is_replaced)
+{
+    setenv("KWARM_TEST_INSTANT_COMPILE", "1", 1);
+    setenv("KWARM_TEST_CRASH_FAMILY", "dcp_stable_topk", 1);
+    kw__pool *p = start_pool(1, 0, 0);
+    kw__pool_result r;
+    kw_keys_key bad = fake_key(KW_K_DCP_STABLE_TOPK, 1);
+    kw_keys_key good = fake_key(KW_K_INDEX_CONVERSION, 2);
+    cr_assert_eq(kw__pool_compile(p, &bad, &r), KW__POOL_ECRASH);
+    cr_assert_not_null(r.log);
+    cr_assert_str_eq(r.log, "compile worker crashed (signal 6)");
+    cr_assert_null(r.cubin);
+    kw__pool_result_destroy(&r);
+    cr_assert_eq(kw__pool_compile(p, &good, &r), 0, "%s", r.log);
+    cr_assert_str_eq(r.entry, "kw_test_entry");
+    kw__pool_result_destroy(&r);
+    kw__pool_counts c;
+    kw__pool_get_counts(p, &c);
+    cr_assert_eq(c.live, 1);
+    cr_assert_eq(c.replaced, 1);
+    kw__pool_stop(p);
+}
+
+Test(pool, hang_is_killed_at_the_timeout_and_the_worker_is_replaced)
+{
+    setenv("KWARM_TEST_INSTANT_COMPILE", "1", 1);
+    setenv("KWARM_TEST_HANG_FAMILY", "index_conversion", 1);
+    kw__pool *p = start_pool(1, 300, 0);
+    kw__pool_result r;
+    kw_keys_key hang = fake_key(KW_K_INDEX_CONVERSION, 1);
+    kw_keys_key good = fake_key(KW_K_DCP_STABLE_TOPK, 2);
+    double t0 = now_s();
+    cr_assert_eq(kw__pool_compile(p, &hang, &r), KW__POOL_ETIMEOUT);
+    double took = now_s() - t0;
+    cr_assert_geq(took, 0.3);
+    cr_assert_lt(took, 5.0);
+    cr_assert_str_eq(r.log, "compile worker killed after 0.3 s");
+    kw__pool_result_destroy(&r);
+    cr_assert_eq(kw__pool_compile(p, &good, &r), 0, "%s", r.log);
+    kw__pool_result_destroy(&r);
+    kw__pool_counts c;
+    kw__pool_get_counts(p, &c);
+    cr_assert_eq(c.live, 1);
+    cr_assert_eq(c.replaced, 1);
+    kw__pool_stop(p);
+}
+
+Test(pool, tiny_memory_limit_fails_with_the_memory_reason, .timeout = 120)
+{
+    kw_keys_key keys[KW_K_NFAMILIES];
+    one_key_per_family(keys);
+    kw__pool *p = start_pool(1, 60000, 64ull << 20);
+    kw__pool_result r;
+    int rc = kw__pool_compile(p, &keys[KW_K_DCP_STABLE_TOPK], &r);
+    cr_assert_eq(rc, KW__POOL_EMEMLIMIT, "%s: %s", kw_strerror(rc),
+                 r.log ? r.log : "(no log)");
+    cr_assert_not_null(r.log);
+    cr_assert(strncmp(r.log,
+                      "compile worker exceeded its memory limit (64 MiB)",
+                      49) == 0, "%s", r.log);
+    kw__pool_result_destroy(&r);
+    kw__pool_counts c;
+    kw__pool_get_counts(p, &c);
+    cr_assert_eq(c.live, 1, "the worker is replaced");
+    kw__pool_stop(p);
+}
+
+/* ---- start failures ------------------------------------------------------ */
+
+Test(pool, missing_helper_fails_start_with_its_path_and_reason)
+{
+    kw__pool_opts o = {.helper = "/nonexistent/kwarm-compile", .jobs = 2};
+    kw__pool *p = NULL;
+    char err[512] = "";
+    cr_assert_eq(kw__pool_start(&p, &o, err, sizeof err), -ENOENT);
+    cr_assert_null(p);
+    cr_assert_str_eq(err, "compile helper /nonexistent/kwarm-compile: "
+                          "No such file or directory");
+    cr_assert(no_children());
+}
+
+Test(pool, non_executable_helper_fails_start)
+{
+    char dir[256], path[512], err[512] = "";
+    cr_assert_eq(kw_test_mkdtemp(dir, sizeof dir, "pool"), 0);
+    cr_assert_eq(kw_test_write_file(dir, "kwarm-compile", "#!/bin/sh\n", 10,
+                                    path, sizeof path), 0);
+    chmod(path, 0644);
+    kw__pool_opts o = {.helper = path, .jobs = 1};
+    kw__pool *p = NULL;
+    cr_assert_eq(kw__pool_start(&p, &o, err, sizeof err), -EACCES);
+    char want[600];
+    snprintf(want, sizeof want, "compile helper %s: Permission denied", path);
+    cr_assert_str_eq(err, want);
+    kw_test_rmtree(dir);
+}
+
+Test(pool, helper_that_exits_at_once_fails_start_without_hanging)
+{
+    kw__pool_opts o = {.helper = "/bin/false", .jobs = 4};
+    kw__pool *p = NULL;
+    char err[512] = "";
+    cr_assert_eq(kw__pool_start(&p, &o, err, sizeof err), KW__POOL_ECRASH);
+    cr_assert_str_eq(err, "compile helper /bin/false failed before it was "
+                          "ready: exited with status 1");
+    cr_assert(no_children());
+}
+
+Test(pool, zero_jobs_is_refused)
+{
+    kw__pool_opts o = {.helper = KW_COMPILE_HELPER_BIN, .jobs = 0};
+    kw__pool *p = NULL;
+    char err[512] = "";
+    cr_assert_eq(kw__pool_start(&p, &o, err, sizeof err), KW_EINVAL);
+    cr_assert_null(p);
+}
+
+/* ---- cancel, and what stop leaves behind ---------------------------------- */
+
+typedef struct caller {
+    kw__pool *p;
+    kw_keys_key k;
+    int rc;
+} caller;
+
+static void *compile_one(void *arg)
+{
+    caller *c = arg;
+    kw__pool_result r;
+    c->rc = kw__pool_compile(c->p, &c->k, &r);
+    kw__pool_result_destroy(&r);
+    return NULL;
+}
+
+Test(pool, cancel_ends_running_and_waiting_compiles_promptly)
+{
+    setenv("KWARM_TEST_HANG_FAMILY", "prefill_chunk_metadata", 1);
+    kw__pool *p = start_pool(2, 0, 0); /* default timeout: 120 s */
+    caller c[5];
+    pthread_t t[5];
+    for (int i = 0; i < 5; i++) {
+        c[i] = (caller){.p = p, .k = fake_key(KW_K_PREFILL_CHUNK_METADATA, i)};
+        cr_assert_eq(pthread_create(&t[i], NULL, compile_one, &c[i]), 0);
+    }
+    wait_for_counts(p, 2, 3); /* two hang in workers, three wait */
+    double t0 = now_s();
+    kw__pool_cancel(p);
+    for (int i = 0; i < 5; i++)
+        pthread_join(t[i], NULL);
+    double took = now_s() - t0;
+    for (int i = 0; i < 5; i++)
+        cr_expect_eq(c[i].rc, KW__POOL_ECANCELED, "caller %d: %s", i,
+                     kw_strerror(c[i].rc));
+    cr_assert_lt(took, 0.5, "cancel took %.3f s", took);
+    kw__pool_result r;
+    kw_keys_key k = fake_key(KW_K_INDEX_CONVERSION, 9);
+    cr_assert_eq(kw__pool_compile(p, &k, &r), KW__POOL_ECANCELED);
+    kw__pool_result_destroy(&r);
+    kw__pool_stop(p);
+    cr_assert(no_children());
+}
+
+Test(pool, stop_reaps_every_child_and_closes_every_fd)
+{
+    setenv("KWARM_TEST_INSTANT_COMPILE", "1", 1);
+    setenv("KWARM_TEST_CRASH_FAMILY", "index_conversion", 1);
+    int before = count_fds();
+    kw__pool *p = start_pool(3, 0, 0);
+    kw__pool_result r;
+    kw_keys_key crash = fake_key(KW_K_INDEX_CONVERSION, 1);
+    kw_keys_key good = fake_key(KW_K_DCP_STABLE_TOPK, 2);
+    cr_assert_eq(kw__pool_compile(p, &crash, &r), KW__POOL_ECRASH);
+    kw__pool_result_destroy(&r);
+    cr_assert_eq(kw__pool_compile(p, &good, &r), 0);
+    kw__pool_result_destroy(&r);
+    cr_assert_gt(count_fds(), before);
+    kw__pool_stop(p);
+    cr_assert(no_children());
+    cr_assert_eq(count_fds(), before);
+}
+
+Test(pool, find_helper_prefers_the_environment)
+{
+    char path[512];
+    setenv("KWARM_COMPILE_HELPER", "/opt/x/kwarm-compile", 1);
+    cr_assert_eq(kw__pool_find_helper(path, sizeof path), 0);
+    cr_assert_str_eq(path, "/opt/x/kwarm-compile");
+    cr_assert_eq(kw__pool_find_helper(path, 8), KW_ENOSPC);
+    unsetenv("KWARM_COMPILE_HELPER");
+    /* The test binary sits beside kwarm-compile in the build tree. */
+    cr_assert_eq(kw__pool_find_helper(path, sizeof path), 0);
+    cr_assert_str_eq(path + strlen(path) - 14, "/kwarm-compile");
+    cr_assert_eq(access(path, X_OK), 0);
+}
+
+/* ---- the pipe protocol: one negative test per rule ------------------------ */
+
+static uint32_t hdr_len_of(uint16_t type, uint32_t len, int *rc)
+{
+    uint8_t b[KW__POOL_HDR_LEN];
+    uint32_t got = 0;
+    kw__pool_hdr_put(b, type, len);
+    *rc = kw__pool_hdr_parse(b, type, &got);
+    return got;
+}
+
+Test(pool_frame, header_round_trips_and_checks_magic_version_type)
+{
+    uint8_t b[KW__POOL_HDR_LEN];
+    uint32_t len;
+    int rc;
+    cr_assert_eq(hdr_len_of(KW__POOL_T_REQUEST, KW__POOL_REQ_LEN, &rc),
+                 KW__POOL_REQ_LEN);
+    cr_assert_eq(rc, 0);
+    kw__pool_hdr_put(b, KW__POOL_T_REQUEST, KW__POOL_REQ_LEN);
+    b[0] ^= 1;
+    cr_assert_eq(kw__pool_hdr_parse(b, KW__POOL_T_REQUEST, &len), KW_EPROTO);
+    kw__pool_hdr_put(b, KW__POOL_T_REQUEST, KW__POOL_REQ_LEN);
+    b[4] = KW__POOL_VERSION + 1;
+    cr_assert_eq(kw__pool_hdr_parse(b, KW__POOL_T_REQUEST, &len), KW_EPROTO);
+    kw__pool_hdr_put(b, KW__POOL_T_REQUEST, KW__POOL_REQ_LEN);
+    cr_assert_eq(kw__pool_hdr_parse(b, KW__POOL_T_RESPONSE, &len), KW_EPROTO);
+}
+
+Test(pool_frame, header_lengths_are_exact_or_capped)
+{
+    int rc;
+    hdr_len_of(KW__POOL_T_HELLO, KW__POOL_HELLO_LEN + 1, &rc);
+    cr_assert_eq(rc, KW_EPROTO);
+    hdr_len_of(KW__POOL_T_REQUEST, KW__POOL_REQ_LEN - 1, &rc);
+    cr_assert_eq(rc, KW_EPROTO);
+    hdr_len_of(KW__POOL_T_RESPONSE, KW__POOL_RESP_FIXED - 1, &rc);
+    cr_assert_eq(rc, KW_EPROTO);
+    hdr_len_of(KW__POOL_T_RESPONSE, KW__POOL_MAX_RESP + 1, &rc);
+    cr_assert_eq(rc, KW_E2BIG);
+    cr_assert_eq(hdr_len_of(KW__POOL_T_RESPONSE, KW__POOL_MAX_RESP, &rc),
+                 KW__POOL_MAX_RESP);
+    cr_assert_eq(rc, 0);
+}
+
+Test(pool_frame, request_round_trips_a_key)
+{
+    kw_keys_key k = fake_key(KW_K_DCP_STABLE_TOPK, 7), back;
+    k.fields[0] = -5;
+    k.fields[1] = INT64_MAX;
+    uint8_t b[KW__POOL_REQ_LEN];
+    kw__pool_req_put(b, &k);
+    cr_assert_eq(kw__pool_req_parse(b, &back), 0);
+    cr_assert_eq(memcmp(&k, &back, sizeof k), 0);
+}
+
+Test(pool_frame, request_rejects_unknown_family_wrong_nfields_unterminated_arch)
+{
+    kw_keys_key k = fake_key(KW_K_DCP_STABLE_TOPK, 7), back;
+    uint8_t b[KW__POOL_REQ_LEN];
+    kw__pool_req_put(b, &k);
+    b[0] = KW_K_NFAMILIES;
+    cr_assert_eq(kw__pool_req_parse(b, &back), KW_EPROTO);
+    kw__pool_req_put(b, &k);
+    b[4] += 1;
+    cr_assert_eq(kw__pool_req_parse(b, &back), KW_EPROTO);
+    kw__pool_req_put(b, &k);
+    memset(b + 8 + 8 * KW_KEYS_MAX_FIELDS, 'x', KW_CONFIG_ARCH_LEN);
+    cr_assert_eq(kw__pool_req_parse(b, &back), KW_EPROTO);
+}
+
+static int resp_parse(kw__pool_resp_head h, uint32_t body_len)
+{
+    uint8_t b[KW__POOL_RESP_FIXED];
+    kw__pool_resp_head back;
+    kw__pool_resp_put(b, &h);
+    return kw__pool_resp_parse(b, body_len, &back);
+}
+
+Test(pool_frame, response_round_trips)
+{
+    kw__pool_resp_head h = {.rc = KW_ENVRTC, .seconds = 1.25, .entry_len = 0,
+                            .log_len = 100}, back;
+    uint8_t b[KW__POOL_RESP_FIXED];
+    kw__pool_resp_put(b, &h);
+    cr_assert_eq(kw__pool_resp_parse(b, KW__POOL_RESP_FIXED + 100, &back), 0);
+    cr_assert_eq(back.rc, KW_ENVRTC);
+    cr_assert_eq(back.seconds, 1.25);
+    cr_assert_eq(back.log_len, 100);
+}
+
+Test(pool_frame, response_rejects_fields_over_their_caps)
+{
+    uint32_t fixed = KW__POOL_RESP_FIXED;
+    kw__pool_resp_head e = {.rc = 0, .entry_len = KW__POOL_ENTRY_LEN,
+                            .cubin_len = 1};
+    cr_assert_eq(resp_parse(e, fixed + KW__POOL_ENTRY_LEN + 1), KW_E2BIG);
+    kw__pool_resp_head l = {.rc = KW_ENVRTC, .log_len = KW__POOL_MAX_LOG + 1};
+    cr_assert_eq(resp_parse(l, fixed + KW__POOL_MAX_LOG + 1), KW_E2BIG);
+    kw__pool_resp_head c = {.rc = 0, .cubin_len = KW__POOL_MAX_CUBIN + 1};
+    cr_assert_eq(resp_parse(c, fixed + KW__POOL_MAX_CUBIN + 1), KW_E2BIG);
+}
+
+Test(pool_frame, response_rejects_lengths_that_do_not_add_up)
+{
+    uint32_t fixed = KW__POOL_RESP_FIXED;
+    kw__pool_resp_head h = {.rc = 0, .entry_len = 3, .cubin_len = 10};
+    cr_assert_eq(resp_parse(h, fixed + 12), KW_EPROTO);
+    cr_assert_eq(resp_parse(h, fixed + 14), KW_EPROTO);
+    cr_assert_eq(resp_parse(h, fixed + 13), 0);
+}
+
+Test(pool_frame, response_rejects_a_cubin_on_failure_and_none_on_success)
+{
+    uint32_t fixed = KW__POOL_RESP_FIXED;
+    kw__pool_resp_head f = {.rc = KW_ENVRTC, .cubin_len = 10};
+    cr_assert_eq(resp_parse(f, fixed + 10), KW_EPROTO);
+    kw__pool_resp_head s = {.rc = 0};
+    cr_assert_eq(resp_parse(s, fixed), KW_EPROTO);
+}
+
+/* Runs the helper with `input` on its stdin; returns its wait status. */
+static int run_helper_with_input(const void *input, size_t len)
+{
+    int in[2], out[2];
+    cr_assert_eq(pipe(in), 0);
+    cr_assert_eq(pipe(out), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        dup2(in[0], 0);
+        dup2(out[1], 1);
+        close(in[1]);
+        close(out[0]);
+        execl(KW_COMPILE_HELPER_BIN, KW_COMPILE_HELPER_BIN, (char *)NULL);
+        _exit(126);
+    }
+    close(in[0]);
+    close(out[1]);
+    cr_assert_eq(write(in[1], input, len), (ssize_t)len);
+    close(in[1]);
+    uint8_t buf[256];
+    size_t got = 0;
+    for (ssize_t n; (n = read(out[0], buf + got, sizeof buf - got)) > 0;)
+        got += (size_t)n;
+    close(out[0]);
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    uint32_t hl;
+    cr_assert_eq(got, KW__POOL_HDR_LEN + KW__POOL_HELLO_LEN, "only HELLO");
+    cr_assert_eq(kw__pool_hdr_parse(buf, KW__POOL_T_HELLO, &hl), 0);
+    return st;
+}
+
+Test(pool_frame, helper_exits_0_at_eof_and_2_on_a_malformed_request)
+{
+    int st = run_helper_with_input("", 0);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %#x", st);
+    uint8_t bad[KW__POOL_HDR_LEN + KW__POOL_REQ_LEN];
+    kw_keys_key k = fake_key(KW_K_INDEX_CONVERSION, 1);
+    kw__pool_hdr_put(bad, KW__POOL_T_REQUEST, KW__POOL_REQ_LEN);
+    kw__pool_req_put(bad + KW__POOL_HDR_LEN, &k);
+    bad[KW__POOL_HDR_LEN] = 0xff; /* family 255 */
+    st = run_helper_with_input(bad, sizeof bad);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2, "status %#x", st);
+}

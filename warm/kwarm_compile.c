@@ -1,0 +1,315 @@
+/* kwarm_compile.c: the compile worker process of warm/'s pool (pool.h).
+ *
+ * usage: kwarm-compile --mem-limit BYTES [--parent PID]
+ *
+ * Reads REQUEST frames on stdin, compiles each key with kw_keys_compile()
+ * and answers with one RESPONSE frame on stdout (the protocol is in
+ * pool.h); exits 0 when stdin closes.  It is a separate executable, not a
+ * fork of kwarmd, because NVRTC compiles in threads of one process do not
+ * run in parallel on the GPU host, and so that a compile which crashes,
+ * hangs or eats memory takes down only this process.  It links jit/,
+ * kernels/ and common/ only.  Diagnostics go to stderr, kwarmd's log.
+ */
+/* sigaltstack() and SA_ONSTACK are XSI, beyond _POSIX_C_SOURCE. */
+#define _XOPEN_SOURCE 700
+
+#include "pool.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kw_err.h"
+#include "kw_keys.h"
+#include "kw_parse.h"
+#include "pool_frame.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define KW_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define KW_ASAN 1
+#endif
+#endif
+
+#ifdef KW_ASAN
+/* An allocation refused under the memory limit must come back as NULL (and
+ * so as NVRTC's out-of-memory), not as ASan's fatal report. */
+const char *__asan_default_options(void);
+const char *__asan_default_options(void)
+{
+    return "allocator_may_return_null=1";
+}
+#endif
+
+/* What the test hooks of pool.h ask for (all off in production). */
+typedef struct hooks {
+    bool instant;
+    int crash_family; /* -1: none */
+    int hang_family;
+} hooks;
+
+static int hook_family(const char *var)
+{
+    const char *v = getenv(var);
+    kw_k_family f;
+    if (v == NULL || *v == '\0')
+        return -1;
+    if (kw_keys_family_from_name(v, &f) < 0) {
+        fprintf(stderr, "<4>kwarm-compile: %s=%s names no family\n", var, v);
+        return -1;
+    }
+    return (int)f;
+}
+
+static void hooks_load(hooks *h)
+{
+    const char *v = getenv("KWARM_TEST_INSTANT_COMPILE");
+    h->instant = v != NULL && strcmp(v, "1") == 0;
+    h->crash_family = hook_family("KWARM_TEST_CRASH_FAMILY");
+    h->hang_family = hook_family("KWARM_TEST_HANG_FAMILY");
+}
+
+/* Reads exactly len bytes from fd.  Returns 1, 0 on EOF before the first
+ * byte, or -1 on EOF inside the frame or a read error. */
+static int read_full(int fd, void *buf, size_t len)
+{
+    uint8_t *p = buf;
+    size_t got = 0;
+    while (got < len) {
+        ssize_t n = read(fd, p + got, len - got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return n == 0 && got == 0 ? 0 : -1;
+        got += (size_t)n;
+    }
+    return 1;
+}
+
+/* Loads NVRTC's builtins library now, before the memory limit: NVRTC
+ * dlopen()s it on its first compile, and under a small limit that mapping
+ * fails with a message about a missing library instead of one about memory.
+ * Loaded here, it counts toward the baseline, as libnvrtc itself does, and
+ * the limit applies to what compiles allocate.  Failure is not fatal: the
+ * compile then reports NVRTC's own message. */
+static void preload_builtins(void)
+{
+    int major = 0, minor = 0;
+    char name[64];
+    if (kw_jit_version(&major, &minor) < 0)
+        return;
+    snprintf(name, sizeof name, "libnvrtc-builtins.so.%d.%d", major, minor);
+    if (dlopen(name, RTLD_NOW | RTLD_GLOBAL) == NULL)
+        fprintf(stderr, "<4>kwarm-compile: %s\n", dlerror());
+}
+
+/* The memory limit, for the fatal-signal handler (set once in main before
+ * the handler is installed; the only global state of this program). */
+static struct {
+    uint64_t limit; /* bytes this process may add to base */
+    uint64_t base;  /* bytes mapped when the limit was set (ASan only) */
+    uint64_t page;
+} g_mem;
+
+/* Bytes of address space mapped now, from /proc/self/statm, with only
+ * async-signal-safe calls (the fatal-signal handler uses it).  0 when it
+ * cannot be read. */
+static uint64_t mapped_bytes(void)
+{
+    char buf[64];
+    int fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    uint64_t pages = 0;
+    for (ssize_t i = 0; i < n && buf[i] >= '0' && buf[i] <= '9'; i++)
+        pages = pages * 10 + (uint64_t)(buf[i] - '0');
+    return pages * g_mem.page;
+}
+
+/* SIGABRT, SIGSEGV, SIGBUS: NVRTC (LLVM) answers an allocation refused by
+ * RLIMIT_AS with "LLVM ERROR: out of memory" and abort(), or sometimes a
+ * fault.  When at least half the limit is in use at that moment, the limit
+ * is the likely cause: exit with KW__POOL_EXIT_NOMEM, which the pool
+ * reports as the memory limit.  Otherwise die of the signal (a crash). */
+static void on_fatal(int sig)
+{
+    uint64_t used = mapped_bytes();
+    if (used > g_mem.base && used - g_mem.base >= g_mem.limit / 2)
+        _exit(KW__POOL_EXIT_NOMEM);
+    raise(sig); /* SA_RESETHAND: the default action now */
+}
+
+static void catch_fatal_signals(void)
+{
+    static uint8_t alt[64 << 10]; /* a stack overflow still runs on_fatal */
+    stack_t ss = {.ss_sp = alt, .ss_size = sizeof alt};
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_fatal;
+    sa.sa_flags = SA_RESETHAND | SA_NODEFER | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    sigaltstack(&ss, NULL);
+    sigaction(SIGABRT, &sa, NULL);
+    sigaction(SIGSEGV, &sa, NULL);
+    sigaction(SIGBUS, &sa, NULL);
+}
+
+/* Limits the address space to limit bytes.  Under ASan the sanitizer's
+ * shadow and allocator reservations (terabytes, never touched) are already
+ * mapped, so there the limit is added to what is mapped now instead. */
+static int set_mem_limit(uint64_t limit)
+{
+    struct rlimit rl;
+    g_mem.page = (uint64_t)sysconf(_SC_PAGESIZE);
+    g_mem.limit = limit;
+#ifdef KW_ASAN
+    g_mem.base = mapped_bytes();
+#endif
+    rl.rlim_cur = rl.rlim_max = (rlim_t)(g_mem.base + limit);
+    if (setrlimit(RLIMIT_AS, &rl) < 0) {
+        fprintf(stderr, "<3>kwarm-compile: setrlimit: %s\n", strerror(errno));
+        return -1;
+    }
+    catch_fatal_signals();
+    return 0;
+}
+
+/* Sends one RESPONSE: rc, seconds, entry, the first KW__POOL_MAX_LOG
+ * bytes of log, and the cubin (only when rc == 0).  Allocates nothing, so
+ * it still works when the compile ran out of memory.  Returns 0 or -errno. */
+static int send_response(int rc, double secs, const char *entry,
+                         const char *log, const void *cubin, size_t cubin_len)
+{
+    kw__pool_resp_head h = {.rc = rc, .seconds = secs};
+    size_t elen = entry ? strlen(entry) : 0, llen = log ? strlen(log) : 0;
+    if (elen >= KW__POOL_ENTRY_LEN)
+        elen = 0; /* callers refuse this case first; never send a bad frame */
+    h.entry_len = (uint32_t)elen;
+    h.log_len = (uint32_t)(llen > KW__POOL_MAX_LOG ? KW__POOL_MAX_LOG : llen);
+    h.cubin_len = rc == 0 ? (uint32_t)cubin_len : 0;
+    uint8_t hdr[KW__POOL_HDR_LEN + KW__POOL_RESP_FIXED];
+    uint32_t body = KW__POOL_RESP_FIXED + h.entry_len + h.log_len + h.cubin_len;
+    kw__pool_hdr_put(hdr, KW__POOL_T_RESPONSE, body);
+    kw__pool_resp_put(hdr + KW__POOL_HDR_LEN, &h);
+    int e;
+    if ((e = kw__pool_write_all(1, hdr, sizeof hdr)) < 0 ||
+        (e = kw__pool_write_all(1, entry, h.entry_len)) < 0 ||
+        (e = kw__pool_write_all(1, log, h.log_len)) < 0)
+        return e;
+    return kw__pool_write_all(1, cubin, h.cubin_len);
+}
+
+/* The instant test mode: a 256-byte fake cubin, the digest 8 times. */
+static int answer_instant(const kw_keys_key *k)
+{
+    uint8_t fake[8 * KW_KEYS_DIGEST_LEN];
+    for (size_t i = 0; i < sizeof fake; i += KW_KEYS_DIGEST_LEN)
+        memcpy(fake + i, k->digest, KW_KEYS_DIGEST_LEN);
+    return send_response(0, 0.0, "kw_test_entry", NULL, fake, sizeof fake);
+}
+
+/* Compiles k and answers.  NVRTC's out-of-memory under our limit is
+ * reported as KW__POOL_EMEMLIMIT so the pool names the limit. */
+static int answer_compile(const kw_keys_key *k, const hooks *h)
+{
+    if ((int)k->family == h->crash_family)
+        abort();
+    while ((int)k->family == h->hang_family)
+        pause();
+    if (h->instant)
+        return answer_instant(k);
+    kw_jit_result r;
+    int rc = kw_keys_compile(k, false, &r);
+    const char *entry = rc == 0 ? r.lowered_name : NULL;
+    if (rc == 0 && (entry == NULL || strlen(entry) >= KW__POOL_ENTRY_LEN))
+        rc = KW_ENOSPC;
+    if (rc == KW_ENOMEM)
+        rc = KW__POOL_EMEMLIMIT;
+    const char *log = r.log;
+    if (rc == KW_ENOSPC && entry != NULL)
+        log = "lowered entry name longer than 255 bytes";
+    int e = send_response(rc, r.seconds, rc == 0 ? entry : NULL, log,
+                          r.cubin, r.cubin_len);
+    kw_jit_result_destroy(&r);
+    return e;
+}
+
+/* Serves requests until stdin closes.  Returns the exit status. */
+static int serve(const hooks *h)
+{
+    for (;;) {
+        uint8_t hdr[KW__POOL_HDR_LEN], body[KW__POOL_REQ_LEN];
+        uint32_t len;
+        kw_keys_key k;
+        int got = read_full(0, hdr, sizeof hdr);
+        if (got == 0)
+            return 0;
+        if (got < 0 || kw__pool_hdr_parse(hdr, KW__POOL_T_REQUEST, &len) < 0 ||
+            read_full(0, body, sizeof body) != 1 ||
+            kw__pool_req_parse(body, &k) < 0) {
+            fprintf(stderr, "<3>kwarm-compile: malformed request frame\n");
+            return 2;
+        }
+        if (answer_compile(&k, h) < 0)
+            return 0; /* the pool went away mid-answer: nothing to tell */
+    }
+}
+
+/* Parses argv into *limit and *parent.  Returns 0 or -1. */
+static int parse_args(int argc, char **argv, uint64_t *limit, pid_t *parent)
+{
+    *limit = KW__POOL_DEFAULT_MEM_LIMIT;
+    *parent = 0;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        uint64_t v;
+        if (kw_parse_u64(argv[i + 1], UINT64_MAX, &v) < 0 || v == 0)
+            return -1;
+        if (strcmp(argv[i], "--mem-limit") == 0)
+            *limit = v;
+        else if (strcmp(argv[i], "--parent") == 0 && v <= INT32_MAX)
+            *parent = (pid_t)v;
+        else
+            return -1;
+    }
+    return argc % 2 == 1 ? 0 : -1;
+}
+
+int main(int argc, char **argv)
+{
+    uint64_t limit;
+    pid_t parent;
+    hooks h;
+    if (parse_args(argc, argv, &limit, &parent) < 0) {
+        fprintf(stderr, "usage: kwarm-compile [--mem-limit BYTES] "
+                        "[--parent PID] (run by kwarmd, not by hand)\n");
+        return 127;
+    }
+    /* Die with the daemon; the check closes the race with its early death. */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (parent > 0 && getppid() != parent)
+        return 0;
+    hooks_load(&h);
+    preload_builtins();
+    if (set_mem_limit(limit) < 0)
+        return 127;
+    uint8_t hello[KW__POOL_HDR_LEN + KW__POOL_HELLO_LEN];
+    kw__pool_hdr_put(hello, KW__POOL_T_HELLO, KW__POOL_HELLO_LEN);
+    uint32_t pid = (uint32_t)getpid();
+    for (int i = 0; i < 4; i++)
+        hello[KW__POOL_HDR_LEN + i] = (uint8_t)(pid >> (8 * i));
+    if (kw__pool_write_all(1, hello, sizeof hello) < 0)
+        return 0;
+    return serve(&h);
+}
