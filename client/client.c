@@ -24,6 +24,7 @@
 #include <cjson/cJSON.h>
 
 #include "kw_err.h"
+#include "kw_json.h"
 #include "kw_proto.h"
 
 #define RECV_MIN 4096u          /* smallest receive buffer */
@@ -412,21 +413,28 @@ const char *kw_client_last_error(const kw_client *c)
 
 /* ---- requests ---------------------------------------------------------- */
 
-/* Parses the caller's JSON text (what: its name in messages) into *out,
- * which must be an object.  0, KW_EJSON, KW_EINVAL or KW_ENOMEM. */
+/* Parses the caller's JSON text (what: its name in messages) into *out by
+ * the strict rules of kw_json.h, as kwarm keys and kwarmd read a config:
+ * cJSON_Parse() would skip control bytes and read 1e400 as infinity, which
+ * it then prints as null.  The object sits one level down in the request
+ * header.  0, KW_EJSON, KW_EINVAL (not an object) or KW_ENOMEM. */
 static int parse_object(kw_client *c, const char *what, const char *text,
                         cJSON **out)
 {
     if (text == NULL)
         return fail(c, KW_EINVAL, "%s: NULL", what);
-    cJSON *j = cJSON_Parse(text);
-    if (j == NULL)
-        return fail(c, KW_EJSON, "%s: not valid JSON", what);
-    if (!cJSON_IsObject(j)) {
-        cJSON_Delete(j);
+    char why[KW_JSON_ERRLEN];
+    int rc = kw_json_parse(text, strlen(text), KW_PROTO_MAX_DEPTH - 1, out,
+                           why, sizeof why);
+    if (rc == KW_EJSON)
+        return fail(c, rc, "%s: %s", what, why);
+    if (rc < 0)
+        return fail(c, rc, "%s", kw_strerror(rc));
+    if (!cJSON_IsObject(*out)) {
+        cJSON_Delete(*out);
+        *out = NULL;
         return fail(c, KW_EINVAL, "%s: not a JSON object", what);
     }
-    *out = j;
     return 0;
 }
 

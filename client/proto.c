@@ -130,8 +130,15 @@ static int parse_header(const uint8_t *s, size_t len, cJSON **out)
         return *out != NULL ? 0 : KW_ENOMEM;
     }
     /* len is at most KW_PROTO_MAX_HEADER and its bytes are all present. */
-    int rc = kw_json_parse((const char *)s, len, KW_PROTO_MAX_DEPTH, out,
+    cJSON *root = NULL;
+    int rc = kw_json_parse((const char *)s, len, KW_PROTO_MAX_DEPTH, &root,
                            NULL, 0);
+    if (rc == 0 && !cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        rc = KW_EJSON;
+    }
+    if (rc == 0)
+        *out = root;
     return rc == KW_EJSON ? KW_EPROTO : rc;
 }
 

@@ -364,11 +364,6 @@ int kw_json_parse(const char *buf, size_t len, unsigned max_depth,
                off >= len ? "truncated JSON" : "malformed JSON", max_depth);
         return KW_EJSON;
     }
-    if (!cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        errf(err, errlen, "/: the root is not a JSON object");
-        return KW_EJSON;
-    }
     rc = kw_json_check_tree(root, max_depth, err, errlen);
     if (rc != 0) {
         cJSON_Delete(root);

@@ -21,8 +21,9 @@
  *      1e400 is refused (1e-400, which rounds to 0, is not);
  *   5. arrays and objects nest at most max_depth levels, the root being 1,
  *      checked before cJSON recurses;
- *   6. the grammar holds (cJSON), nothing but whitespace follows the root,
- *      and the root is an object (every kwarm document is one);
+ *   6. the grammar holds (cJSON) and nothing but whitespace follows the
+ *      root (of any type: each caller says which it wants, and how it
+ *      reports another);
  *   7. no object has two members of one name (compared after unescaping).
  *
  * Error messages are one line (control characters become '?') and name

@@ -117,6 +117,12 @@ int kw__config_parse(const char *name, const char *buf, size_t len,
 {
     char why[KW_JSON_ERRLEN] = "";
     int rc = kw_json_parse(buf, len, CONFIG_MAX_DEPTH, out, why, sizeof why);
+    if (rc == 0 && !cJSON_IsObject(*out)) {
+        cJSON_Delete(*out);
+        *out = NULL;
+        snprintf(why, sizeof why, "/: the root is not a JSON object");
+        rc = KW_EJSON;
+    }
     if (rc == KW_EJSON)
         kw__config_errf(err, errlen, "%s: %s", name, why);
     return rc;
