@@ -1,5 +1,6 @@
-/* cache.c: open, close, error text and statistics of the LMDB cache
- * (kw_cache.h).  The layout of the environment is described in internal.h.
+/* cache.c: close, error text, statistics and the read-transaction pool of
+ * the LMDB cache (kw_cache.h); open.c opens it.  The layout of the
+ * environment is described in internal.h.
  *
  * MDB_* codes are translated here, once (kw__cache_mdb), and the native
  * text kept for kw_cache_last_error(); nothing in cache/ prints.
@@ -17,11 +18,6 @@
 #include "internal.h"
 #include "kw_err.h"
 
-/* Reader slots in the lock file.  With MDB_NOTLS a slot is held per live
- * read transaction, not per thread: 256 covers a daemon's workers and
- * connections with room to spare. */
-#define MAX_READERS 256
-
 /* The last failure text of this thread: kw_cache_last_error()'s answer.
  * Thread-local on purpose, as errno is, so no lock is needed and another
  * thread's failure cannot rewrite it while the caller reads it; `owner`
@@ -38,7 +34,7 @@ static _Thread_local struct {
  * 4 MiB covers that for cubin-sized entries; when many tiny entries exceed
  * it anyway, MDB_MAP_FULL makes the write path evict (write.c).  The map is
  * address space only: the file grows with the pages actually written. */
-static uint64_t map_size_for(uint64_t max_size)
+uint64_t kw__cache_map_size(uint64_t max_size)
 {
     uint64_t sz = max_size * 2 + (4ull << 20);
     uint64_t mib = 1ull << 20; /* a multiple of every page size */
@@ -86,243 +82,66 @@ uint64_t kw__cache_tick(kw_cache *c)
     return t;
 }
 
+/* A small start index for the pool scan, different between threads, so
+ * threads on different cores mostly touch different slots.  The address
+ * of a thread-local object is per thread and needs no state. */
+static size_t pool_start(void)
+{
+    static _Thread_local char here;
+    uintptr_t a = (uintptr_t)&here;
+    return (size_t)(a >> 6 ^ a >> 12) % KW__CACHE_POOL;
+}
+
 int kw__cache_read_begin(kw_cache *c, MDB_txn **txn)
 {
+    size_t s = pool_start();
+    for (size_t i = 0; i < KW__CACHE_POOL; i++) {
+        _Atomic(MDB_txn *) *slot = &c->pool[(s + i) % KW__CACHE_POOL];
+        MDB_txn *t = atomic_load_explicit(slot, memory_order_relaxed);
+        if (!t || !(t = atomic_exchange(slot, NULL)))
+            continue;
+        /* renewing keeps the reader slot: no lock-table mutex taken */
+        int rc = mdb_txn_renew(t);
+        if (rc == 0) {
+            *txn = t;
+            return 0;
+        }
+        mdb_txn_abort(t);
+        break; /* begin below reports what is wrong */
+    }
     return kw__cache_mdb(c, "mdb_txn_begin",
                          mdb_txn_begin(c->env, NULL, MDB_RDONLY, txn));
 }
 
-/* Formats the open error into err (errlen bytes) and returns rc. */
-static int open_fail(int rc, char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int open_fail(int rc, char *err, size_t errlen, const char *fmt, ...)
+void kw__cache_read_end(kw_cache *c, MDB_txn *txn)
 {
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
+    mdb_txn_reset(txn);
+    size_t s = pool_start();
+    for (size_t i = 0; i < KW__CACHE_POOL; i++) {
+        MDB_txn *none = NULL;
+        if (atomic_compare_exchange_strong(&c->pool[(s + i) % KW__CACHE_POOL],
+                                           &none, txn))
+            return;
     }
-    return rc;
+    mdb_txn_abort(txn); /* the pool is full: give the reader slot back */
 }
 
-/* Makes sure opts->dir is a directory: created with mode 0700 when missing
- * (one level only: a missing parent is the caller's mistake to see), never
- * created on a read-only open.  Returns 0 or -errno with err naming dir. */
-static int prepare_dir(const kw_cache_opts *opts, char *err, size_t errlen)
+void kw__cache_destroy(kw_cache *c)
 {
-    struct stat st;
-    if (!opts->read_only && mkdir(opts->dir, 0700) < 0 && errno != EEXIST)
-        return open_fail(-errno, err, errlen,
-                         "cannot create cache directory %s: %s", opts->dir,
-                         strerror(errno));
-    if (stat(opts->dir, &st) < 0)
-        return open_fail(-errno, err, errlen, "cache directory %s: %s",
-                         opts->dir, strerror(errno));
-    if (!S_ISDIR(st.st_mode))
-        return open_fail(-ENOTDIR, err, errlen,
-                         "cache directory %s: not a directory", opts->dir);
-    return 0;
-}
-
-/* Makes the map at least `want` bytes and at least what another process
- * recorded in the file (so handles with different limits never map less
- * than the data).  Must run before the handle's first transaction. */
-static int size_map(kw_cache *c, uint64_t want)
-{
-    MDB_envinfo info;
-    /* 0 adopts the size recorded in the file. */
-    int rc = mdb_env_set_mapsize(c->env, 0);
-    if (rc == 0)
-        rc = mdb_env_info(c->env, &info);
-    if (rc == 0 && info.me_mapsize < want) {
-        rc = mdb_env_set_mapsize(c->env, (size_t)want);
-        info.me_mapsize = want;
+    for (size_t i = 0; i < KW__CACHE_POOL; i++) {
+        MDB_txn *t = atomic_exchange(&c->pool[i], NULL);
+        if (t)
+            mdb_txn_abort(t);
     }
-    MDB_stat st;
-    if (rc == 0 && (rc = mdb_env_stat(c->env, &st)) == 0) {
-        /* A quarter of the map stays free for the pages that commits free
-         * but LMDB can reuse only two commits later, for the free list
-         * itself, and so that deleting always finds a page. */
-        c->psize = st.ms_psize;
-        c->page_budget = info.me_mapsize / st.ms_psize / 4 * 3;
-    }
-    return rc;
-}
-
-/* Creates the environment and opens it in opts->dir.  Writers use
- * MDB_NOMETASYNC: one fsync per commit instead of two; an OS crash may
- * undo the last commit but never breaks the B-tree, which is the right
- * trade for a cache whose entries can be recompiled.  MDB_NOTLS: reader
- * slots belong to transactions, because any thread may read. */
-static int open_env(kw_cache *c, const kw_cache_opts *opts, char *err,
-                    size_t errlen)
-{
-    unsigned flags = MDB_NOTLS | (opts->read_only ? MDB_RDONLY
-                                                  : MDB_NOMETASYNC);
-    uint64_t map = opts->read_only ? 0 : map_size_for(c->max_size);
-    const char *op = "mdb_env_create";
-    int rc = mdb_env_create(&c->env);
-    if (rc == 0) {
-        op = "mdb_env_set_maxdbs";
-        rc = mdb_env_set_maxdbs(c->env, 4);
-    }
-    if (rc == 0) {
-        op = "mdb_env_set_maxreaders";
-        rc = mdb_env_set_maxreaders(c->env, MAX_READERS);
-    }
-    if (rc == 0 && map) {
-        op = "mdb_env_set_mapsize";
-        rc = mdb_env_set_mapsize(c->env, (size_t)map);
-    }
-    if (rc == 0) {
-        op = "mdb_env_open";
-        rc = mdb_env_open(c->env, opts->dir, flags, 0600);
-    }
-    if (rc == 0) { /* clear the slots of readers whose process died */
-        op = "mdb_reader_check";
-        rc = mdb_reader_check(c->env, NULL);
-    }
-    if (rc == 0) {
-        op = "mdb_env_set_mapsize";
-        rc = size_map(c, map);
-    }
-    if (rc == 0)
-        return 0;
-    if (rc == ENOENT && opts->read_only)
-        return open_fail(-ENOENT, err, errlen, "no cache in %s", opts->dir);
-    kw__cache_mdb(c, op, rc);
-    return open_fail(rc > 0 ? -rc : KW_ECACHE, err, errlen, "cache %s: %s: %s",
-                     opts->dir, op, mdb_strerror(rc));
-}
-
-/* Opens (writers: creates) the four databases and checks the format; a
- * writer also records its max_size for read-only handles' stats. */
-static int open_dbs_txn(kw_cache *c, MDB_txn *txn, const char **op)
-{
-    unsigned flags = c->read_only ? 0 : MDB_CREATE;
-    static const char *const names[4] = {"meta", "blob", "lru", "stats"};
-    MDB_dbi *dbis[4] = {&c->meta, &c->blob, &c->lru, &c->stats};
-    int rc = 0;
-    for (int i = 0; i < 4 && rc == 0; i++)
-        rc = mdb_dbi_open(txn, names[i], flags, dbis[i]);
-    if (rc != 0)
-        return kw__cache_mdb(c, *op = "mdb_dbi_open", rc);
-    uint64_t format = 0;
-    if ((rc = kw__cache_stat_get(c, txn, "format", &format)) < 0)
-        return rc;
-    if (format != 0 && format != KW__CACHE_FORMAT) {
-        *op = "format";
-        return KW_ECACHE;
-    }
-    if (c->read_only)
-        return 0;
-    uint64_t old = 0;
-    if (format == 0)
-        rc = kw__cache_stat_add(c, txn, "format", KW__CACHE_FORMAT);
-    if (rc == 0)
-        rc = kw__cache_stat_get(c, txn, "max_size", &old);
-    if (rc == 0 && old != c->max_size)
-        rc = kw__cache_stat_add(c, txn, "max_size",
-                                (int64_t)(c->max_size - old));
-    return rc;
-}
-
-static int open_dbs(kw_cache *c, const kw_cache_opts *opts, char *err,
-                    size_t errlen)
-{
-    MDB_txn *txn;
-    const char *op = "mdb_txn_begin";
-    int rc = mdb_txn_begin(c->env, NULL, c->read_only ? MDB_RDONLY : 0, &txn);
-    if (rc != 0) {
-        rc = kw__cache_mdb(c, op, rc);
-    } else if ((rc = open_dbs_txn(c, txn, &op)) < 0) {
-        mdb_txn_abort(txn);
-    } else {
-        /* a read-only commit keeps the dbi handles, as a write one does */
-        rc = kw__cache_mdb(c, op = "mdb_txn_commit", mdb_txn_commit(txn));
-    }
-    if (rc == 0)
-        return 0;
-    if (rc == KW_ENOTFOUND && c->read_only)
-        return open_fail(KW_ECACHE, err, errlen,
-                         "cache %s: not a kwarm cache (no \"meta\")",
-                         opts->dir);
-    if (rc == KW_ECACHE && strcmp(op, "format") == 0)
-        return open_fail(rc, err, errlen,
-                         "cache %s: unknown format (this build reads %d)",
-                         opts->dir, KW__CACHE_FORMAT);
-    return open_fail(rc, err, errlen, "cache %s: %s", opts->dir,
-                     kw_cache_last_error(c));
-}
-
-/* Frees c and whatever part of it was set up; no flush. */
-static void destroy(kw_cache *c)
-{
     if (c->env)
         mdb_env_close(c->env);
     if (last_err.owner == c) /* another handle may get this address */
         last_err.owner = NULL;
     kw__cache_pending_destroy(c);
+    pthread_mutex_destroy(&c->prot_mu);
     pthread_mutex_destroy(&c->pend_mu);
     pthread_mutex_destroy(&c->flush_mu);
     free(c);
-}
-
-/* Allocates a handle with its two mutexes initialised. */
-static int new_handle(kw_cache **out)
-{
-    kw_cache *c = calloc(1, sizeof *c);
-    if (!c)
-        return KW_ENOMEM;
-    int rc = pthread_mutex_init(&c->flush_mu, NULL);
-    if (rc == 0 && (rc = pthread_mutex_init(&c->pend_mu, NULL)) != 0)
-        pthread_mutex_destroy(&c->flush_mu);
-    if (rc != 0) {
-        free(c);
-        return rc == ENOMEM ? KW_ENOMEM : -rc;
-    }
-    *out = c;
-    return 0;
-}
-
-int kw_cache_open(kw_cache **out, const kw_cache_opts *opts, char *err,
-                  size_t errlen)
-{
-    if (err && errlen)
-        err[0] = '\0';
-    if (!out || !opts || !opts->dir || !opts->dir[0])
-        return open_fail(KW_EINVAL, err, errlen, "cache: no directory given");
-    uint64_t max = opts->max_size ? opts->max_size : KW_CACHE_DEFAULT_SIZE;
-    if (!opts->read_only &&
-        (max < KW_CACHE_MIN_SIZE || max > KW_CACHE_MAX_SIZE))
-        return open_fail(KW_EINVAL, err, errlen,
-                         "cache %s: max_size %llu outside [%llu, %llu]",
-                         opts->dir, (unsigned long long)max,
-                         (unsigned long long)KW_CACHE_MIN_SIZE,
-                         (unsigned long long)KW_CACHE_MAX_SIZE);
-    int rc = prepare_dir(opts, err, errlen);
-    if (rc < 0)
-        return rc;
-    kw_cache *c = NULL;
-    if ((rc = new_handle(&c)) < 0)
-        return open_fail(rc, err, errlen, "cache %s: %s", opts->dir,
-                         kw_strerror(rc));
-    c->read_only = opts->read_only;
-    c->max_size = opts->read_only ? 0 : max;
-    if ((rc = open_env(c, opts, err, errlen)) < 0 ||
-        (rc = open_dbs(c, opts, err, errlen)) < 0)
-        goto fail;
-    if (!c->read_only && (rc = kw__cache_pending_init(c)) < 0) {
-        open_fail(rc, err, errlen, "cache %s: %s", opts->dir,
-                  kw_strerror(rc));
-        goto fail;
-    }
-    *out = c;
-    return 0;
-fail:
-    destroy(c);
-    return rc;
 }
 
 void kw_cache_close(kw_cache *c)
@@ -332,12 +151,12 @@ void kw_cache_close(kw_cache *c)
     /* A failed flush loses hit counts and recency only: entries stay
      * whole and the next open works, so close has nothing to report. */
     kw_cache_flush(c);
-    destroy(c);
+    kw__cache_destroy(c);
 }
 
 void kw_cache_count(kw_cache *c, kw_cache_counter which, uint64_t n)
 {
-    if (!c || c->read_only)
+    if (!c || c->read_only) /* a read-only cache compiles nothing */
         return;
     pthread_mutex_lock(&c->pend_mu);
     if (which == KW_CACHE_COMPILES)
@@ -362,6 +181,9 @@ static int stats_txn(kw_cache *c, MDB_txn *txn, kw_cache_stats *s)
     s->entries = st.ms_entries;
     for (size_t i = 0; i < sizeof names / sizeof names[0] && rc == 0; i++)
         rc = kw__cache_stat_get(c, txn, names[i], dst[i]);
+    if (rc == 0)
+        rc = kw__cache_pinned_totals(c, txn, &s->pinned_entries,
+                                     &s->pinned_bytes);
     return rc;
 }
 
@@ -377,7 +199,7 @@ int kw_cache_stats_get(kw_cache *c, kw_cache_stats *out)
     int rc = kw__cache_read_begin(c, &txn);
     if (rc == 0) {
         rc = stats_txn(c, txn, &s);
-        mdb_txn_abort(txn);
+        kw__cache_read_end(c, txn);
     }
     if (rc == 0) {
         pthread_mutex_lock(&c->pend_mu);
@@ -386,8 +208,7 @@ int kw_cache_stats_get(kw_cache *c, kw_cache_stats *out)
         s.compiles += c->pend.compiles;
         s.compile_failures += c->pend.compile_failures;
         pthread_mutex_unlock(&c->pend_mu);
-        if (!c->read_only)
-            s.max_size = c->max_size;
+        s.read_only = c->read_only;
         *out = s;
     }
     pthread_mutex_unlock(&c->flush_mu);

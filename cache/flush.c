@@ -75,18 +75,19 @@ static int flush_locked(kw_cache *c);
 
 void kw__cache_record_hit(kw_cache *c, const uint8_t *digest)
 {
-    if (c->read_only)
-        return;
     uint64_t tick = kw__cache_tick(c);
     pthread_mutex_lock(&c->pend_mu);
     c->pend.hits++;
     add_hit_locked(&c->pend, digest, 1, tick);
     bool full = c->pend.n >= KW__CACHE_PENDING_MAX;
     pthread_mutex_unlock(&c->pend_mu);
-    /* If another thread is flushing, it will empty the table: do not wait
+    /* A read-only handle keeps its hits in memory; a defer_writes one
+     * leaves writing to its flushing thread.
+     * If another thread is flushing, it will empty the table: do not wait
      * for it.  A failed flush keeps the hits for the next one, and the
      * error text for kw_cache_last_error(); the get itself succeeded. */
-    if (full && pthread_mutex_trylock(&c->flush_mu) == 0) {
+    if (full && !c->read_only && !c->defer_writes &&
+        pthread_mutex_trylock(&c->flush_mu) == 0) {
         flush_locked(c);
         pthread_mutex_unlock(&c->flush_mu);
     }
@@ -94,8 +95,6 @@ void kw__cache_record_hit(kw_cache *c, const uint8_t *digest)
 
 void kw__cache_record_miss(kw_cache *c)
 {
-    if (c->read_only)
-        return;
     pthread_mutex_lock(&c->pend_mu);
     c->pend.misses++;
     pthread_mutex_unlock(&c->pend_mu);
@@ -195,14 +194,64 @@ static int flush_locked(kw_cache *c)
     return rc == KW_ENOSPC ? KW_ECACHE : rc;
 }
 
+void kw__cache_overlay_hits(kw_cache *c, const uint8_t *digest,
+                            kw_cache_info *info)
+{
+    if (!c->read_only)
+        return;
+    pthread_mutex_lock(&c->pend_mu);
+    const kw__cache_hit *s = slot_of(&c->pend, digest);
+    if (s && s->used) {
+        info->hits += s->hits;
+        uint64_t secs = s->tick / 1000000000u;
+        if (secs > info->last_used)
+            info->last_used = secs;
+    }
+    pthread_mutex_unlock(&c->pend_mu);
+}
+
+void kw__cache_queue_corrupt(kw_cache *c, const uint8_t *digest)
+{
+    pthread_mutex_lock(&c->pend_mu);
+    bool there = false;
+    for (size_t i = 0; i < c->ncorrupt && !there; i++)
+        there = memcmp(c->corrupt_q[i], digest, KW_CACHE_DIGEST_LEN) == 0;
+    if (!there && c->ncorrupt < KW__CACHE_CORRUPT_MAX)
+        memcpy(c->corrupt_q[c->ncorrupt++], digest, KW_CACHE_DIGEST_LEN);
+    pthread_mutex_unlock(&c->pend_mu);
+}
+
+/* Purges the corrupt digests queued by defer_writes gets, each in a
+ * transaction of its own (kw__cache_purge_fn checks it again).  Caller
+ * holds flush_mu.  A failed purge is queued again. */
+static int purge_queued_locked(kw_cache *c)
+{
+    uint8_t q[KW__CACHE_CORRUPT_MAX][KW_CACHE_DIGEST_LEN];
+    pthread_mutex_lock(&c->pend_mu);
+    size_t n = c->ncorrupt;
+    memcpy(q, c->corrupt_q, n * KW_CACHE_DIGEST_LEN);
+    c->ncorrupt = 0;
+    pthread_mutex_unlock(&c->pend_mu);
+    int rc = 0;
+    for (size_t i = 0; i < n; i++) {
+        int r = kw__cache_write(c, kw__cache_purge_fn, q[i], 0);
+        if (r < 0) {
+            kw__cache_queue_corrupt(c, q[i]);
+            rc = KW_ECACHE;
+        }
+    }
+    return rc;
+}
+
 int kw_cache_flush(kw_cache *c)
 {
     if (!c)
         return KW_EINVAL;
-    if (c->read_only)
+    if (c->read_only) /* its counts stay in memory, never written */
         return 0;
     pthread_mutex_lock(&c->flush_mu);
     int rc = flush_locked(c);
+    int prc = purge_queued_locked(c);
     pthread_mutex_unlock(&c->flush_mu);
-    return rc;
+    return rc < 0 ? rc : prc;
 }

@@ -1,19 +1,29 @@
 /* internal.h: what cache/'s own files share (kw__cache_*).  Not API:
  * nothing outside cache/ includes this header.
  *
- * Files: cache.c (open, close, errors, stats), record.c (the on-disk
- * records and the entry/eviction primitives inside a write transaction),
- * write.c (put, remove, pin and the MDB_MAP_FULL retry loop), read.c (get,
- * contains, foreach, removal of corrupt entries), flush.c (hits recorded in
- * memory and their flush).
+ * Files: open.c (open: environment, read-only fallback, stored limit),
+ * cache.c (close, errors, stats, the read-transaction pool), record.c (the
+ * on-disk records and the entry/eviction primitives inside a write
+ * transaction), write.c (put, remove, pin, resize and the MDB_MAP_FULL
+ * retry loop), read.c (get, borrow, contains, foreach, corrupt entries),
+ * flush.c (hits recorded in memory and their flush), pins.c (named pin
+ * sets, in-memory protection, plans), prefix.c (digest prefixes).
  *
- * On-disk layout: one LMDB environment, four named databases.
+ * On-disk layout: one LMDB environment, six named databases.
  *   "meta"  digest (32 bytes) -> metadata record (record.c, versioned,
  *           XXH3-64 of itself; holds the XXH3-128 of the blob)
  *   "blob"  digest -> cubin bytes
  *   "lru"   u64 big-endian tick || digest -> empty.  Only unpinned entries
  *           are here, oldest first, so eviction deletes from the front.
- *   "stats" counter name -> u64 little-endian ("bytes", "hits", ...)
+ *   "stats" counter name -> u64 little-endian ("bytes", "hits", ...,
+ *           "max_size": the limit, stored at creation)
+ *   "pins"  set name -> pin record (pins.c: version, created, the sorted
+ *           digests of the set)
+ *   "pinidx" digest || set name -> empty: which sets hold a digest, so
+ *           eviction and `ls` need one lookup.  Entries of a set stay in
+ *           "lru"; eviction walks past them.
+ * Caches made before "pins" existed get the two databases from their first
+ * writer; a read-only handle on such a cache sees no pin sets.
  * A tick is CLOCK_REALTIME in nanoseconds, made strictly increasing per
  * handle; the metadata keeps the entry's tick, so its "lru" key can be found.
  */
@@ -38,6 +48,8 @@
 #define KW__CACHE_PENDING_MAX 4096 /* digests waiting before get flushes */
 #define KW__CACHE_PENDING_CAP 8192 /* table slots: a power of two, 2 x MAX */
 #define KW__CACHE_LRU_KEY 40       /* 8-byte tick + digest */
+#define KW__CACHE_POOL 16          /* idle read transactions kept */
+#define KW__CACHE_CORRUPT_MAX 64   /* corrupt digests queued (defer_writes) */
 
 /* One digest's hits since the last flush. */
 typedef struct kw__cache_hit {
@@ -58,11 +70,23 @@ typedef struct kw__cache_pending {
 struct kw_cache {
     MDB_env *env;
     MDB_dbi meta, blob, lru, stats; /* valid for the env's lifetime */
-    uint64_t max_size;              /* cubin bytes; 0 on a read-only handle */
+    MDB_dbi pins, pinidx;           /* valid when has_pins */
+    bool has_pins;        /* false: a read-only handle on an old cache */
     uint64_t psize;       /* LMDB page size */
-    uint64_t page_budget; /* pages the B-trees may hold (write.c) */
+    uint64_t mapsize;     /* bytes this handle mapped */
     bool read_only;
+    bool defer_writes;
     _Atomic uint64_t last_tick; /* the last tick handed out */
+
+    /* Reset read transactions ready to renew (NULL: empty slot).  Taken
+     * and given back with atomic exchanges, so a hit takes no lock. */
+    _Atomic(MDB_txn *) pool[KW__CACHE_POOL];
+
+    /* prot_mu guards `guards`, the list of live kw_cache_guard.  Held
+     * for a membership test or a list change, never across an LMDB
+     * call. */
+    pthread_mutex_t prot_mu;
+    struct kw_cache_guard *guards;
 
     /* flush_mu serializes flushes and guards `spare`, the table a flush is
      * writing while gets record into `pend`.  Taken before pend_mu. */
@@ -72,6 +96,10 @@ struct kw_cache {
      * counters not yet flushed.  Never held across an LMDB call. */
     pthread_mutex_t pend_mu;
     kw__cache_pending pend;
+    /* Also under pend_mu: corrupt digests a defer_writes get queued for
+     * the next flush to purge. */
+    uint8_t corrupt_q[KW__CACHE_CORRUPT_MAX][KW_CACHE_DIGEST_LEN];
+    size_t ncorrupt;
 };
 
 #define KW__CACHE_ERRLEN 192 /* kw_cache_last_error() text, NUL included */
@@ -100,8 +128,21 @@ void kw__cache_set_error(kw_cache *c, const char *fmt, ...)
 /* A fresh tick: CLOCK_REALTIME ns, above every tick handed out before. */
 uint64_t kw__cache_tick(kw_cache *c);
 
-/* Begins a read transaction.  0 or a translated code. */
+/* Begins a read transaction: renews one from the pool, or begins a new
+ * one.  End it with kw__cache_read_end().  0 or a translated code. */
 int kw__cache_read_begin(kw_cache *c, MDB_txn **txn);
+
+/* Ends a read transaction: resets it into the pool, or aborts it when
+ * the pool is full.  Thread-safe; txn may come from another thread. */
+void kw__cache_read_end(kw_cache *c, MDB_txn *txn);
+
+/* The map size for a limit of max_size bytes (cache.c). */
+uint64_t kw__cache_map_size(uint64_t max_size);
+
+/* --- cache.c (continued) --- */
+
+/* Frees c and whatever part of it was set up; no flush. */
+void kw__cache_destroy(kw_cache *c);
 
 /* --- record.c --- */
 
@@ -149,10 +190,35 @@ int kw__cache_drop_txn(kw_cache *c, MDB_txn *txn, const uint8_t *digest,
                        const kw__cache_meta *m, uint64_t *freed);
 
 /* Evicts from the oldest end of "lru" until at least `count` entries and
- * `bytes` cubin bytes are gone, or no unpinned entry is left; adds them to
- * "evictions".  *evicted (may be NULL) gets the number evicted. */
+ * `bytes` cubin bytes are gone, or no evictable entry is left; adds them
+ * to "evictions".  Entries of a pin set or protected by a guard are
+ * walked past, never evicted.  *evicted (may be NULL) gets the number
+ * evicted. */
 int kw__cache_evict_txn(kw_cache *c, MDB_txn *txn, uint64_t count,
                         uint64_t bytes, uint64_t *evicted);
+
+/* The stored limit ("max_size" in "stats"). */
+int kw__cache_max_get(kw_cache *c, MDB_txn *txn, uint64_t *max);
+
+/* --- pins.c --- */
+
+/* True (*held) when digest is in a pin set (*nsets: how many, may be
+ * NULL); false on a cache without pin sets. */
+int kw__cache_in_sets(kw_cache *c, MDB_txn *txn, const uint8_t *digest,
+                      bool *held, uint32_t *nsets);
+
+/* True when a guard of this handle protects digest.  Takes prot_mu. */
+bool kw__cache_protected(kw_cache *c, const uint8_t *digest);
+
+/* True when eviction must leave digest alone: in a pin set or
+ * protected. */
+int kw__cache_held(kw_cache *c, MDB_txn *txn, const uint8_t *digest,
+                   bool *held);
+
+/* Sums present entries that are pinned (flag or set) into *entries and
+ * *bytes.  For kw_cache_stats_get. */
+int kw__cache_pinned_totals(kw_cache *c, MDB_txn *txn, uint64_t *entries,
+                            uint64_t *bytes);
 
 /* --- write.c --- */
 
@@ -179,5 +245,19 @@ void kw__cache_pending_destroy(kw_cache *c);
  * when the table is past KW__CACHE_PENDING_MAX. */
 void kw__cache_record_hit(kw_cache *c, const uint8_t *digest);
 void kw__cache_record_miss(kw_cache *c);
+
+/* On a read-only handle: adds the hits counted in memory for digest to
+ * info (hits, last_used).  No-op on a writable handle. */
+void kw__cache_overlay_hits(kw_cache *c, const uint8_t *digest,
+                            kw_cache_info *info);
+
+/* Queues a corrupt digest for the next flush (defer_writes).  Dropped
+ * when the queue is full: the next get queues it again. */
+void kw__cache_queue_corrupt(kw_cache *c, const uint8_t *digest);
+
+/* --- read.c --- */
+
+/* Write step removing the entry of digest (arg) if it is still corrupt. */
+int kw__cache_purge_fn(kw_cache *c, MDB_txn *txn, void *arg);
 
 #endif /* KW_CACHE_INTERNAL_H */

@@ -1,8 +1,10 @@
-/* read.c: get, contains and foreach, in read transactions (kw_cache.h).
+/* read.c: get, borrow, contains and foreach, in read transactions
+ * (kw_cache.h).
  *
  * A get copies the blob out of the map, ends its transaction, and only then
  * hashes the copy: what is verified is exactly what the caller receives,
- * and the reader slot is held for one memcpy.  A checksum failure removes
+ * and the reader slot is held for one memcpy.  A borrow hashes the map's
+ * own bytes, which cannot change while its transaction is held.  A checksum failure removes
  * the entry in a write transaction that checks it again first, so an entry
  * another process has meanwhile replaced with a good one is left alone.
  */
@@ -25,7 +27,7 @@ static bool sum_ok(const uint8_t sum[16], const void *data, size_t len)
 
 /* Removes digest's entry if it is still corrupt: metadata that does not
  * decode, a missing blob, or a blob whose size or checksum is wrong. */
-static int purge_fn(kw_cache *c, MDB_txn *txn, void *arg)
+int kw__cache_purge_fn(kw_cache *c, MDB_txn *txn, void *arg)
 {
     const uint8_t *digest = arg;
     kw__cache_meta m;
@@ -49,15 +51,48 @@ static int purge_fn(kw_cache *c, MDB_txn *txn, void *arg)
     return rc;
 }
 
-/* Reports a corrupt entry: removes it (a writable handle) and returns
+/* Reports a corrupt entry: removes it (a writable handle), queues it for
+ * the next flush (defer_writes) or leaves it (read-only), and returns
  * KW_ECORRUPT, or the failure of the removal. */
 static int corrupt(kw_cache *c, const uint8_t *digest)
 {
-    kw__cache_set_error(c, "get: entry failed its integrity check");
     if (c->read_only)
         return KW_ECORRUPT;
-    int rc = kw__cache_write(c, purge_fn, (void *)digest, 0);
+    if (c->defer_writes) {
+        kw__cache_queue_corrupt(c, digest);
+        kw__cache_set_error(c, "get: entry failed its integrity check");
+        return KW_ECORRUPT;
+    }
+    int rc = kw__cache_write(c, kw__cache_purge_fn, (void *)digest, 0);
+    kw__cache_set_error(c, "get: entry failed its integrity check");
     return rc < 0 ? rc : KW_ECORRUPT;
+}
+
+/* Completes a hit's metadata: pin sets and hits counted in memory. */
+static int finish_info(kw_cache *c, MDB_txn *txn, const uint8_t *digest,
+                       kw_cache_info *info)
+{
+    bool in_set;
+    int rc = kw__cache_in_sets(c, txn, digest, &in_set, &info->pin_sets);
+    info->pinned = info->pinned || in_set;
+    kw__cache_overlay_hits(c, digest, info);
+    return rc;
+}
+
+/* Finds digest's metadata (*m) and blob (*d, valid for txn's life).
+ * KW_ENOTFOUND; KW_ECORRUPT for metadata that does not decode or has no
+ * blob of its size; KW_ECACHE. */
+static int lookup(kw_cache *c, MDB_txn *txn, const uint8_t *digest,
+                  kw__cache_meta *m, MDB_val *d)
+{
+    int rc = kw__cache_meta_get(c, txn, digest, m);
+    if (rc < 0)
+        return rc;
+    MDB_val k = {KW_CACHE_DIGEST_LEN, (void *)digest};
+    rc = kw__cache_mdb(c, "mdb_get(blob)", mdb_get(txn, c->blob, &k, d));
+    if (rc == KW_ENOTFOUND || (rc == 0 && d->mv_size != m->info.size))
+        return KW_ECORRUPT; /* metadata without its blob, or a torn size */
+    return rc;
 }
 
 /* Where a fetch puts the blob: into buf (cap bytes), or, when buf is NULL,
@@ -74,13 +109,8 @@ typedef struct fetch_dst {
 static int fetch_txn(kw_cache *c, MDB_txn *txn, const uint8_t *digest,
                      const fetch_dst *dst, size_t *len, kw__cache_meta *m)
 {
-    int rc = kw__cache_meta_get(c, txn, digest, m);
-    if (rc < 0)
-        return rc;
-    MDB_val k = {KW_CACHE_DIGEST_LEN, (void *)digest}, d;
-    rc = kw__cache_mdb(c, "mdb_get(blob)", mdb_get(txn, c->blob, &k, &d));
-    if (rc == KW_ENOTFOUND || (rc == 0 && d.mv_size != m->info.size))
-        return KW_ECORRUPT; /* metadata without its blob, or a torn size */
+    MDB_val d;
+    int rc = lookup(c, txn, digest, m, &d);
     if (rc < 0)
         return rc;
     *len = d.mv_size;
@@ -105,13 +135,15 @@ static int get(kw_cache *c, const uint8_t *digest, const fetch_dst *dst,
     if (rc < 0)
         return rc;
     rc = fetch_txn(c, txn, digest, dst, len, &m);
-    mdb_txn_abort(txn);
-    if (rc == 0 && !sum_ok(m.sum, dst->buf ? dst->buf : *dst->out, *len)) {
-        if (!dst->buf) {
-            free(*dst->out);
-            *dst->out = NULL;
-        }
+    /* the pin sets are looked up only when asked for: a hit stays lean */
+    if (rc == 0 && info)
+        rc = finish_info(c, txn, digest, &m.info);
+    kw__cache_read_end(c, txn);
+    if (rc == 0 && !sum_ok(m.sum, dst->buf ? dst->buf : *dst->out, *len))
         rc = KW_ECORRUPT;
+    if (rc < 0 && !dst->buf) {
+        free(*dst->out);
+        *dst->out = NULL;
     }
     if (rc == KW_ECORRUPT)
         return corrupt(c, digest);
@@ -152,12 +184,13 @@ bool kw_cache_contains(kw_cache *c, const uint8_t digest[KW_CACHE_DIGEST_LEN])
         return false;
     MDB_val k = {KW_CACHE_DIGEST_LEN, (void *)digest}, d;
     int rc = kw__cache_mdb(c, "mdb_get(meta)", mdb_get(txn, c->meta, &k, &d));
-    mdb_txn_abort(txn);
+    kw__cache_read_end(c, txn);
     return rc == 0;
 }
 
 /* Walks "meta" with cur, calling fn for each entry that decodes. */
-static int each(kw_cache *c, MDB_cursor *cur, kw_cache_each_fn fn, void *arg)
+static int each(kw_cache *c, MDB_txn *txn, MDB_cursor *cur,
+                kw_cache_each_fn fn, void *arg)
 {
     MDB_val k, d;
     MDB_cursor_op op = MDB_FIRST;
@@ -170,6 +203,8 @@ static int each(kw_cache *c, MDB_cursor *cur, kw_cache_each_fn fn, void *arg)
             continue;
         uint8_t digest[KW_CACHE_DIGEST_LEN];
         memcpy(digest, k.mv_data, sizeof digest);
+        if ((rc = finish_info(c, txn, digest, &m.info)) < 0)
+            return rc;
         int stop = fn(digest, &m.info, arg);
         if (stop)
             return stop;
@@ -190,9 +225,50 @@ int kw_cache_foreach(kw_cache *c, kw_cache_each_fn fn, void *arg)
     rc = kw__cache_mdb(c, "mdb_cursor_open(meta)",
                        mdb_cursor_open(txn, c->meta, &cur));
     if (rc == 0) {
-        rc = each(c, cur, fn, arg);
+        rc = each(c, txn, cur, fn, arg);
         mdb_cursor_close(cur);
     }
-    mdb_txn_abort(txn);
+    kw__cache_read_end(c, txn);
     return rc;
+}
+
+int kw_cache_borrow(kw_cache *c, const uint8_t digest[KW_CACHE_DIGEST_LEN],
+                    kw_cache_view *v, kw_cache_info *info)
+{
+    if (v)
+        memset(v, 0, sizeof *v);
+    if (!c || !digest || !v)
+        return KW_EINVAL;
+    MDB_txn *txn;
+    kw__cache_meta m;
+    MDB_val d;
+    int rc = kw__cache_read_begin(c, &txn);
+    if (rc < 0)
+        return rc;
+    rc = lookup(c, txn, digest, &m, &d);
+    /* verified in place: these are the bytes the caller will read, and
+     * committed pages never change while the transaction lives */
+    if (rc == 0 && !sum_ok(m.sum, d.mv_data, d.mv_size))
+        rc = KW_ECORRUPT;
+    if (rc == 0 && info)
+        rc = finish_info(c, txn, digest, &m.info);
+    if (rc < 0) {
+        kw__cache_read_end(c, txn);
+        if (rc == KW_ENOTFOUND)
+            kw__cache_record_miss(c);
+        return rc == KW_ECORRUPT ? corrupt(c, digest) : rc;
+    }
+    kw__cache_record_hit(c, digest);
+    if (info)
+        *info = m.info;
+    *v = (kw_cache_view){d.mv_data, d.mv_size, c, txn};
+    return 0;
+}
+
+void kw_cache_release(kw_cache_view *v)
+{
+    if (!v || !v->_txn)
+        return;
+    kw__cache_read_end(v->_c, v->_txn);
+    memset(v, 0, sizeof *v);
 }

@@ -229,41 +229,76 @@ int kw__cache_drop_txn(kw_cache *c, MDB_txn *txn, const uint8_t *digest,
     return rc;
 }
 
-/* Evicts the entry of the oldest "lru" key (*evicted = true, *size its
- * cubin bytes), or deletes that key alone when it is stale: its entry gone,
- * pinned, or moved to a newer tick.  KW_ENOTFOUND when "lru" is empty. */
-static int evict_one(kw_cache *c, MDB_txn *txn, MDB_cursor *cur,
-                     bool *evicted, uint64_t *size)
+int kw__cache_max_get(kw_cache *c, MDB_txn *txn, uint64_t *max)
 {
-    MDB_val k, d;
-    int rc = kw__cache_mdb(c, "mdb_cursor_get(lru)",
-                           mdb_cursor_get(cur, &k, &d, MDB_FIRST));
-    *evicted = false;
-    *size = 0;
-    if (rc < 0)
-        return rc;
-    uint8_t key[KW__CACHE_LRU_KEY];
-    if (k.mv_size != sizeof key) /* not ours: drop it */
-        return kw__cache_mdb(c, "mdb_cursor_del(lru)", mdb_cursor_del(cur, 0));
-    memcpy(key, k.mv_data, sizeof key); /* k dies with the deletes below */
+    return kw__cache_stat_get(c, txn, "max_size", max);
+}
+
+/* What one step of the eviction walk did. */
+typedef enum walk_step { STEP_DROPPED_KEY, STEP_EVICTED, STEP_SKIPPED } walk_step;
+
+/* Handles the "lru" key at cur (copied into key): evicts its entry
+ * (STEP_EVICTED, *size its cubin bytes), deletes the key alone when it is
+ * stale: its entry gone, pinned, or moved to a newer tick
+ * (STEP_DROPPED_KEY), or leaves it when the entry is held by a pin set or
+ * a guard (STEP_SKIPPED). */
+static int walk_one(kw_cache *c, MDB_txn *txn, MDB_cursor *cur,
+                    const uint8_t *key, walk_step *step, uint64_t *size)
+{
     const uint8_t *digest = key + 8;
     kw__cache_meta m;
-    rc = kw__cache_meta_get(c, txn, digest, &m);
+    int rc = kw__cache_meta_get(c, txn, digest, &m);
     uint8_t want[KW__CACHE_LRU_KEY];
+    *size = 0;
+    *step = STEP_DROPPED_KEY;
     if (rc == 0)
         kw__cache_lru_key(m.tick, digest, want);
-    if (rc == KW_ENOTFOUND ||
-        (rc == 0 && (m.info.pinned || memcmp(want, key, sizeof key) != 0)))
+    if (rc == KW_ENOTFOUND || (rc == 0 && (m.info.pinned ||
+                                memcmp(want, key, KW__CACHE_LRU_KEY) != 0)))
         return kw__cache_mdb(c, "mdb_cursor_del(lru)", mdb_cursor_del(cur, 0));
+    if (rc < 0 && rc != KW_ECORRUPT)
+        return rc;
+    bool held;
+    int hr = kw__cache_held(c, txn, digest, &held);
+    if (hr < 0)
+        return hr;
+    if (held) {
+        *step = STEP_SKIPPED;
+        return 0;
+    }
+    *step = STEP_EVICTED;
     if (rc == KW_ECORRUPT) { /* undecodable: evict it whole, key too */
         rc = kw__cache_drop_txn(c, txn, digest, NULL, size);
-        if (rc == 0)
-            rc = del_key(c, txn, c->lru, key, sizeof key, "mdb_del(lru)");
-    } else if (rc == 0) {
-        rc = kw__cache_drop_txn(c, txn, digest, &m, size);
+        return rc == 0 ? del_key(c, txn, c->lru, key, KW__CACHE_LRU_KEY,
+                                 "mdb_del(lru)")
+                       : rc;
     }
-    *evicted = rc == 0;
-    return rc;
+    return kw__cache_drop_txn(c, txn, digest, &m, size);
+}
+
+/* Positions cur at the first "lru" key after the walk's position: the
+ * oldest key at first; then the first key >= pos, past pos itself when
+ * it was skipped (and so is still there).  Copies the key into pos. */
+static int walk_next(kw_cache *c, MDB_cursor *cur, uint8_t *pos, bool *started)
+{
+    MDB_val k, d;
+    int rc;
+    for (;;) {
+        k = (MDB_val){KW__CACHE_LRU_KEY, pos};
+        rc = mdb_cursor_get(cur, &k, &d, *started ? MDB_SET_RANGE : MDB_FIRST);
+        if (rc == 0 && *started && k.mv_size == KW__CACHE_LRU_KEY &&
+            memcmp(k.mv_data, pos, KW__CACHE_LRU_KEY) == 0)
+            rc = mdb_cursor_get(cur, &k, &d, MDB_NEXT);
+        if (rc != 0 || k.mv_size == KW__CACHE_LRU_KEY)
+            break;
+        if ((rc = mdb_cursor_del(cur, 0)) != 0) /* not ours: drop it */
+            break;
+    }
+    if (rc == 0) {
+        memcpy(pos, k.mv_data, KW__CACHE_LRU_KEY); /* k dies with deletes */
+        *started = true;
+    }
+    return kw__cache_mdb(c, "mdb_cursor_get(lru)", rc);
 }
 
 int kw__cache_evict_txn(kw_cache *c, MDB_txn *txn, uint64_t count,
@@ -275,15 +310,20 @@ int kw__cache_evict_txn(kw_cache *c, MDB_txn *txn, uint64_t count,
     if (rc < 0)
         return rc;
     uint64_t n = 0, freed = 0;
+    uint8_t pos[KW__CACHE_LRU_KEY];
+    bool started = false;
     while (rc == 0 && (n < count || freed < bytes)) {
-        bool one;
+        walk_step step;
         uint64_t size;
-        rc = evict_one(c, txn, cur, &one, &size);
-        n += one;
-        freed += size;
+        if ((rc = walk_next(c, cur, pos, &started)) == 0)
+            rc = walk_one(c, txn, cur, pos, &step, &size);
+        if (rc == 0 && step == STEP_EVICTED) {
+            n++;
+            freed += size;
+        }
     }
     mdb_cursor_close(cur);
-    if (rc == KW_ENOTFOUND) /* nothing unpinned left: the caller decides */
+    if (rc == KW_ENOTFOUND) /* nothing evictable left: the caller decides */
         rc = 0;
     if (rc == 0 && n > 0)
         rc = kw__cache_stat_add(c, txn, "evictions", (int64_t)n);

@@ -97,36 +97,49 @@ typedef struct put_req {
     bool stored;
 } put_req;
 
-/* Makes room for len bytes under max_size, evicting from the LRU end.
- * KW_ENOSPC when only pinned entries are left and it still does not fit;
- * the caller then aborts, which undoes the evictions too. */
+/* Records why a put (or resize) cannot fit: `held` bytes that eviction may
+ * not touch (pinned or protected) beside `len` new ones, over `max`. */
+static void no_room(kw_cache *c, const char *what, uint64_t len,
+                    uint64_t held, uint64_t max)
+{
+    kw__cache_set_error(c, "%s: needs %llu bytes (%llu new beside %llu "
+                           "pinned or protected), over the limit of %llu; "
+                           "raise it with `kwarm resize`",
+                        what, (unsigned long long)(held + len),
+                        (unsigned long long)len, (unsigned long long)held,
+                        (unsigned long long)max);
+}
+
+/* Makes room for len bytes under the stored limit, evicting from the LRU
+ * end.  KW_ENOSPC when only pinned or protected entries are left and it
+ * still does not fit; the caller then aborts, which undoes the evictions
+ * too. */
 static int make_room(kw_cache *c, MDB_txn *txn, uint64_t len)
 {
-    uint64_t bytes;
+    uint64_t bytes, max;
     int rc = kw__cache_stat_get(c, txn, "bytes", &bytes);
-    if (rc < 0 || (bytes <= c->max_size && len <= c->max_size - bytes))
+    if (rc == 0)
+        rc = kw__cache_max_get(c, txn, &max);
+    if (rc < 0 || (bytes <= max && len <= max - bytes))
         return rc;
-    rc = kw__cache_evict_txn(c, txn, 0, bytes + len - c->max_size, NULL);
+    rc = kw__cache_evict_txn(c, txn, 0, bytes + len - max, NULL);
     if (rc == 0)
         rc = kw__cache_stat_get(c, txn, "bytes", &bytes);
-    if (rc == 0 && (bytes > c->max_size || len > c->max_size - bytes)) {
-        kw__cache_set_error(c, "put: %llu bytes do not fit in %llu: the "
-                               "other %llu are pinned",
-                            (unsigned long long)len,
-                            (unsigned long long)c->max_size,
-                            (unsigned long long)bytes);
+    if (rc == 0 && (bytes > max || len > max - bytes)) {
+        no_room(c, "put", len, bytes, max);
         rc = KW_ENOSPC;
     }
     return rc;
 }
 
-/* Pages our four B-trees hold now in txn (LMDB's main tree, one page
- * naming them, and its free list are part of the reserve). */
+/* Pages our B-trees hold now in txn (LMDB's main tree, one page naming
+ * them, and its free list are part of the reserve). */
 static int live_pages(kw_cache *c, MDB_txn *txn, uint64_t *pages)
 {
-    const MDB_dbi dbis[4] = {c->meta, c->blob, c->lru, c->stats};
+    const MDB_dbi dbis[6] = {c->meta,  c->blob, c->lru,
+                             c->stats, c->pins, c->pinidx};
     *pages = 0;
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < (c->has_pins ? 6 : 4); i++) {
         MDB_stat st;
         int rc = kw__cache_mdb(c, "mdb_stat", mdb_stat(txn, dbis[i], &st));
         if (rc < 0)
@@ -136,19 +149,28 @@ static int live_pages(kw_cache *c, MDB_txn *txn, uint64_t *pages)
     return 0;
 }
 
-/* Keeps the B-trees inside c->page_budget with room for a blob of len
- * bytes, evicting from the LRU end in batches.  The byte limit alone does
+/* Keeps the B-trees inside the page budget with room for a blob of len
+ * bytes, evicting from the LRU end in batches.  The budget is three
+ * quarters of the map that the stored limit calls for (no more than this
+ * handle mapped): the rest stays free for the pages that commits free but
+ * LMDB can reuse only two commits later, for the free list itself, and so
+ * that deleting always finds a page.  The byte limit alone does
  * not: many tiny entries fill the map with B-tree pages long before their
  * cubins reach max_size.  Evicting before LMDB reports MDB_MAP_FULL matters,
  * because a completely full map cannot even delete. */
 static int fit_map(kw_cache *c, MDB_txn *txn, uint64_t len)
 {
     /* the blob's overflow pages, plus the pages a put copies on write */
-    uint64_t need = (len + c->psize - 1) / c->psize + 32;
+    uint64_t need = (len + c->psize - 1) / c->psize + 32, max;
+    int rc = kw__cache_max_get(c, txn, &max);
+    if (rc < 0)
+        return rc;
+    uint64_t map = kw__cache_map_size(max);
+    uint64_t budget = (map < c->mapsize ? map : c->mapsize) / c->psize / 4 * 3;
     for (;;) {
         uint64_t live, evicted;
-        int rc = live_pages(c, txn, &live);
-        if (rc < 0 || live + need <= c->page_budget)
+        rc = live_pages(c, txn, &live);
+        if (rc < 0 || live + need <= budget)
             return rc;
         if ((rc = kw__cache_evict_txn(c, txn, MAPFULL_BATCH, 0, &evicted)) < 0)
             return rc;
@@ -193,9 +215,11 @@ int kw_cache_put(kw_cache *c, const uint8_t digest[KW_CACHE_DIGEST_LEN],
 {
     if (stored)
         *stored = false;
-    if (!c || !digest || !blob || c->read_only || len == 0 ||
-        len > KW_CACHE_MAX_BLOB || (info && !kw__cache_info_ok(info)))
+    if (!c || !digest || !blob || len == 0 || len > KW_CACHE_MAX_BLOB ||
+        (info && !kw__cache_info_ok(info)))
         return KW_EINVAL;
+    if (c->read_only)
+        return KW_EROFS;
     put_req r = {.digest = digest, .blob = blob, .len = len};
     if (info)
         r.m.info = *info;
@@ -225,8 +249,10 @@ static int remove_fn(kw_cache *c, MDB_txn *txn, void *arg)
 
 int kw_cache_remove(kw_cache *c, const uint8_t digest[KW_CACHE_DIGEST_LEN])
 {
-    if (!c || !digest || c->read_only)
+    if (!c || !digest)
         return KW_EINVAL;
+    if (c->read_only)
+        return KW_EROFS;
     return kw__cache_write(c, remove_fn, (void *)digest, 0);
 }
 
@@ -262,8 +288,40 @@ static int pin_fn(kw_cache *c, MDB_txn *txn, void *arg)
 int kw_cache_pin(kw_cache *c, const uint8_t digest[KW_CACHE_DIGEST_LEN],
                  bool pinned)
 {
-    if (!c || !digest || c->read_only)
+    if (!c || !digest)
         return KW_EINVAL;
+    if (c->read_only)
+        return KW_EROFS;
     pin_req r = {digest, pinned};
     return kw__cache_write(c, pin_fn, &r, 0);
+}
+
+/* Stores the new limit (arg) after evicting down to it; KW_ENOSPC when
+ * what is left (pinned or protected) is still over it. */
+static int resize_fn(kw_cache *c, MDB_txn *txn, void *arg)
+{
+    uint64_t max = *(const uint64_t *)arg, bytes, old;
+    int rc = kw__cache_stat_get(c, txn, "bytes", &bytes);
+    if (rc == 0 && bytes > max)
+        rc = kw__cache_evict_txn(c, txn, 0, bytes - max, NULL);
+    if (rc == 0)
+        rc = kw__cache_stat_get(c, txn, "bytes", &bytes);
+    if (rc == 0 && bytes > max) {
+        no_room(c, "resize", 0, bytes, max);
+        return KW_ENOSPC;
+    }
+    if (rc == 0)
+        rc = kw__cache_max_get(c, txn, &old);
+    if (rc == 0 && old != max)
+        rc = kw__cache_stat_add(c, txn, "max_size", (int64_t)(max - old));
+    return rc;
+}
+
+int kw_cache_resize(kw_cache *c, uint64_t max_size)
+{
+    if (!c || max_size < KW_CACHE_MIN_SIZE || max_size > KW_CACHE_MAX_SIZE)
+        return KW_EINVAL;
+    if (c->read_only)
+        return KW_EROFS;
+    return kw__cache_write(c, resize_fn, &max_size, 0);
 }

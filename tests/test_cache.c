@@ -127,7 +127,14 @@ Test(cache, stats_count_and_persist_across_reopen)
     cr_assert_eq(kw_cache_get(c, d, &got, &n, &info), 0);
     cr_assert_eq(info.hits, 2, "per-entry hits persisted by the flush");
     free(got);
-    cr_assert_eq(tc_stats(c).hits, 4, "a read-only get records nothing");
+    cr_assert_eq(kw_cache_get(c, d, &got, &n, &info), 0);
+    cr_assert_eq(info.hits, 3, "plus the hit this read-only handle counted");
+    free(got);
+    cr_assert_eq(tc_stats(c).hits, 6, "a read-only get counts in memory");
+    cr_assert(tc_stats(c).read_only);
+    kw_cache_close(c);
+    c = tc_open(dir, 8 * MIB, true);
+    cr_assert_eq(tc_stats(c).hits, 4, "and never writes it");
     kw_cache_close(c);
 }
 
@@ -326,10 +333,15 @@ Test(cache, rejects_invalid_puts)
     kw_cache_close(c);
 
     c = tc_open(dir, 0, true);
-    cr_assert_eq(kw_cache_put(c, d, NULL, b, 10, false, NULL), KW_EINVAL);
+    cr_assert_eq(kw_cache_put(c, d, NULL, b, 10, false, NULL), KW_EROFS);
+    cr_assert_str_eq(kw_strerror(KW_EROFS), "not cached (read-only cache)");
     tc_digest(2, d);
-    cr_assert_eq(kw_cache_remove(c, d), KW_EINVAL);
-    cr_assert_eq(kw_cache_pin(c, d, true), KW_EINVAL);
+    cr_assert_eq(kw_cache_remove(c, d), KW_EROFS);
+    cr_assert_eq(kw_cache_pin(c, d, true), KW_EROFS);
+    cr_assert_eq(kw_cache_resize(c, 2 * MIB), KW_EROFS);
+    cr_assert_eq(kw_cache_pin_set(c, "x", (const uint8_t(*)[32])d, 1),
+                 KW_EROFS);
+    cr_assert_eq(kw_cache_unpin_set(c, "x"), KW_EROFS);
     cr_assert_eq(kw_cache_flush(c), 0);
     cr_assert_eq(tc_get_check(c, 2, 100), 0, "read-only gets work");
     kw_cache_close(c);

@@ -1,0 +1,209 @@
+/* protect.c: in-memory protection of a warm's own digests (guards), the
+ * plan a warm checks before it writes, and the totals of pinned entries
+ * (kw_cache.h).  Guards live in c->guards under prot_mu; eviction asks
+ * kw__cache_protected() about each entry it would remove.
+ */
+#include "kw_cache.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "kw_err.h"
+
+struct kw_cache_guard {
+    kw_cache *c;
+    struct kw_cache_guard *prev, *next; /* c->guards, under prot_mu */
+    size_t n;
+    uint8_t (*d)[KW_CACHE_DIGEST_LEN]; /* sorted, distinct */
+};
+
+static int cmp_digest(const void *a, const void *b)
+{
+    return memcmp(a, b, KW_CACHE_DIGEST_LEN);
+}
+
+/* Sorts n digests in place and drops duplicates; returns the new count. */
+static size_t sort_unique(uint8_t (*s)[KW_CACHE_DIGEST_LEN], size_t n)
+{
+    qsort(s, n, sizeof *s, cmp_digest);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (k == 0 || memcmp(s[k - 1], s[i], sizeof *s) != 0)
+            memmove(s[k++], s[i], sizeof *s);
+    return k;
+}
+
+/* A sorted, distinct copy of n digests (free it), or NULL (KW_ENOMEM). */
+static uint8_t (*sorted_copy(const uint8_t (*d)[KW_CACHE_DIGEST_LEN], size_t n,
+                             size_t *nout))[KW_CACHE_DIGEST_LEN]
+{
+    uint8_t(*s)[KW_CACHE_DIGEST_LEN] = malloc(n ? n * sizeof *s : 1);
+    if (!s)
+        return NULL;
+    if (n)
+        memcpy(s, d, n * sizeof *s);
+    *nout = sort_unique(s, n);
+    return s;
+}
+
+static bool has_digest(const uint8_t (*s)[KW_CACHE_DIGEST_LEN], size_t n,
+                       const uint8_t *d)
+{
+    return n && bsearch(d, s, n, sizeof *s, cmp_digest) != NULL;
+}
+
+bool kw__cache_protected(kw_cache *c, const uint8_t *digest)
+{
+    bool yes = false;
+    pthread_mutex_lock(&c->prot_mu);
+    for (const kw_cache_guard *g = c->guards; g && !yes; g = g->next)
+        yes = has_digest((const uint8_t(*)[KW_CACHE_DIGEST_LEN])g->d, g->n,
+                         digest);
+    pthread_mutex_unlock(&c->prot_mu);
+    return yes;
+}
+
+int kw_cache_protect(kw_cache *c,
+                     const uint8_t (*digests)[KW_CACHE_DIGEST_LEN], size_t n,
+                     kw_cache_guard **out)
+{
+    if (!c || !out || (!digests && n > 0))
+        return KW_EINVAL;
+    kw_cache_guard *g = calloc(1, sizeof *g);
+    if (!g || !(g->d = sorted_copy(digests, n, &g->n))) {
+        free(g);
+        return KW_ENOMEM;
+    }
+    g->c = c;
+    pthread_mutex_lock(&c->prot_mu);
+    g->next = c->guards;
+    if (c->guards)
+        c->guards->prev = g;
+    c->guards = g;
+    pthread_mutex_unlock(&c->prot_mu);
+    *out = g;
+    return 0;
+}
+
+void kw_cache_unprotect(kw_cache_guard *g)
+{
+    if (!g)
+        return;
+    kw_cache *c = g->c;
+    pthread_mutex_lock(&c->prot_mu);
+    if (g->prev)
+        g->prev->next = g->next;
+    else
+        c->guards = g->next;
+    if (g->next)
+        g->next->prev = g->prev;
+    pthread_mutex_unlock(&c->prot_mu);
+    free(g->d);
+    free(g);
+}
+
+/* Walks "meta", calling fn(c, txn, digest, meta, pinned, arg) for each
+ * entry that decodes; pinned: by its flag or by a set. */
+typedef int (*walk_fn)(kw_cache *c, const uint8_t *digest,
+                       const kw__cache_meta *m, bool pinned, void *arg);
+
+static int walk_entries(kw_cache *c, MDB_txn *txn, walk_fn fn, void *arg)
+{
+    MDB_cursor *cur;
+    int rc = kw__cache_mdb(c, "mdb_cursor_open(meta)",
+                           mdb_cursor_open(txn, c->meta, &cur));
+    if (rc < 0)
+        return rc;
+    MDB_val k, d;
+    MDB_cursor_op op = MDB_FIRST;
+    int mrc;
+    while (rc == 0 && (mrc = mdb_cursor_get(cur, &k, &d, op)) == 0) {
+        op = MDB_NEXT;
+        kw__cache_meta m;
+        bool in_set = false;
+        if (k.mv_size != KW_CACHE_DIGEST_LEN ||
+            !kw__cache_meta_decode(d.mv_data, d.mv_size, &m))
+            continue;
+        rc = kw__cache_in_sets(c, txn, k.mv_data, &in_set, NULL);
+        if (rc == 0)
+            rc = fn(c, k.mv_data, &m, m.info.pinned || in_set, arg);
+    }
+    mdb_cursor_close(cur);
+    if (rc == 0 && mrc != MDB_NOTFOUND)
+        rc = kw__cache_mdb(c, "mdb_cursor_get(meta)", mrc);
+    return rc;
+}
+
+typedef struct totals {
+    uint64_t entries, bytes;
+} totals;
+
+static int count_pinned(kw_cache *c, const uint8_t *digest,
+                        const kw__cache_meta *m, bool pinned, void *arg)
+{
+    (void)c;
+    (void)digest;
+    totals *t = arg;
+    if (pinned) {
+        t->entries++;
+        t->bytes += m->info.size;
+    }
+    return 0;
+}
+
+int kw__cache_pinned_totals(kw_cache *c, MDB_txn *txn, uint64_t *entries,
+                            uint64_t *bytes)
+{
+    totals t = {0, 0};
+    int rc = walk_entries(c, txn, count_pinned, &t);
+    *entries = t.entries;
+    *bytes = t.bytes;
+    return rc;
+}
+
+/* The plan being built, beside the sorted set it is for. */
+typedef struct plan_walk {
+    const uint8_t (*set)[KW_CACHE_DIGEST_LEN];
+    size_t n;
+    kw_cache_plan *plan;
+} plan_walk;
+
+static int plan_entry(kw_cache *c, const uint8_t *digest,
+                      const kw__cache_meta *m, bool pinned, void *arg)
+{
+    plan_walk *w = arg;
+    if (has_digest(w->set, w->n, digest)) {
+        w->plan->present++;
+        w->plan->present_bytes += m->info.size;
+    } else if (pinned || kw__cache_protected(c, digest)) {
+        w->plan->held_bytes += m->info.size;
+    }
+    return 0;
+}
+
+int kw_cache_plan_get(kw_cache *c,
+                      const uint8_t (*digests)[KW_CACHE_DIGEST_LEN], size_t n,
+                      kw_cache_plan *plan)
+{
+    if (!c || !plan || (!digests && n > 0))
+        return KW_EINVAL;
+    memset(plan, 0, sizeof *plan);
+    plan_walk w = {.plan = plan};
+    uint8_t(*s)[KW_CACHE_DIGEST_LEN] = sorted_copy(digests, n, &w.n);
+    if (!s)
+        return KW_ENOMEM;
+    w.set = (const uint8_t(*)[KW_CACHE_DIGEST_LEN])s;
+    MDB_txn *txn;
+    int rc = kw__cache_read_begin(c, &txn);
+    if (rc == 0) {
+        rc = kw__cache_max_get(c, txn, &plan->max_size);
+        if (rc == 0)
+            rc = walk_entries(c, txn, plan_entry, &w);
+        kw__cache_read_end(c, txn);
+    }
+    free(s);
+    uint64_t used = plan->held_bytes + plan->present_bytes;
+    plan->available = used < plan->max_size ? plan->max_size - used : 0;
+    return rc;
+}
