@@ -16,21 +16,25 @@
 /* Bytes of a JSON pointer in a message; a longer one is cut. */
 #define POINTER_CAP 1024
 
-static void errf(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-/* Formats one error line into err, whatever names or values it quotes. */
-static void errf(char *err, size_t errlen, const char *fmt, ...)
+void kw_json_verrf(char *err, size_t errlen, const char *fmt, va_list ap)
 {
     if (err == NULL || errlen == 0)
         return;
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
     for (char *p = err; *p != '\0'; p++)
         if ((unsigned char)*p < 0x20 || *p == 0x7f)
             *p = '?';
+}
+
+static void errf(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void errf(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    kw_json_verrf(err, errlen, fmt, ap);
+    va_end(ap);
 }
 
 size_t kw_json_utf8_len(const unsigned char *p, const unsigned char *end)

@@ -37,6 +37,7 @@
 #ifndef KW_JSON_H
 #define KW_JSON_H
 
+#include <stdarg.h>
 #include <stddef.h>
 
 #include <cjson/cJSON.h>
@@ -68,6 +69,13 @@ int kw_json_check_tree(const cJSON *root, unsigned max_depth, char *err,
 /* Length of the valid UTF-8 sequence at p (rule 1) that ends by end, or 0
  * when there is none.  p < end. */
 size_t kw_json_utf8_len(const unsigned char *p, const unsigned char *end);
+
+/* Formats one error line into err (errlen bytes; err NULL or errlen 0:
+ * nothing), each control character of the result made '?', so a message
+ * quoting names or values from the input stays one line.  The formatter of
+ * every kw_json message, shared with config messages. */
+void kw_json_verrf(char *err, size_t errlen, const char *fmt, va_list ap)
+    __attribute__((format(printf, 3, 0)));
 
 /* Appends "/" and the JSON-pointer escape of token (~ as ~0, / as ~1) to
  * the NUL-terminated pointer in buf (cap bytes).  Returns 0, or KW_ENOSPC

@@ -23,16 +23,10 @@
 
 void kw__config_errf(char *err, size_t errlen, const char *fmt, ...)
 {
-    if (err == NULL || errlen == 0)
-        return;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
+    kw_json_verrf(err, errlen, fmt, ap);
     va_end(ap);
-    /* One line, whatever names or values the input held. */
-    for (char *p = err; *p != '\0'; p++)
-        if ((unsigned char)*p < 0x20 || *p == 0x7f)
-            *p = '?';
 }
 
 /* Reads fd to its end into a growing buffer, refusing more than the cap. */
