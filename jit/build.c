@@ -41,7 +41,9 @@ int kw_keys_jit_req(const kw_keys_key *k, kw_keys_build *b, kw_jit_req *req)
     req->headers = b->headers;
     req->nheaders = b->nheaders;
     req->name_expr = b->name_expr;
-    req->arch = k->arch;
+    if (kw_k_compile_arch(k->family, k->arch, b->arch, sizeof b->arch) < 0)
+        return KW_ENOSPC;
+    req->arch = b->arch; /* sm_90a for an sm_90 indexer_logits key */
     return 0;
 }
 

@@ -192,6 +192,25 @@ static int read_dtype(kw_config_model *m, const cJSON *root, const cJSON *tc,
     return 0;
 }
 
+/* Reads index_n_heads ([1, 256]) and index_head_dim (a multiple of 32 in
+ * [32, 512]), the indexer_logits shape (§2, §4.6). */
+static int read_indexer(kw_config_model *m, const cJSON *tc, const char *tptr,
+                        const char *name, char *err, size_t errlen)
+{
+    int rc = opt_int(tc, "index_n_heads", tptr, 1, 256, &m->index_n_heads,
+                     &m->has_index_n_heads, name, err, errlen);
+    if (rc == 0)
+        rc = opt_int(tc, "index_head_dim", tptr, 32, 512, &m->index_head_dim,
+                     &m->has_index_head_dim, name, err, errlen);
+    if (rc == 0 && m->has_index_head_dim && m->index_head_dim % 32 != 0) {
+        kw__config_errf(err, errlen, "%s: %s/index_head_dim: %lld is not a "
+                        "multiple of 32", name, tptr,
+                        (long long)m->index_head_dim);
+        rc = KW_ECONFIG;
+    }
+    return rc;
+}
+
 /* Reads and validates every setting of §2 from the text config tc. */
 static int read_settings(kw_config_model *m, const cJSON *root,
                          const cJSON *tc, const char *tptr, const char *name,
@@ -221,6 +240,8 @@ static int read_settings(kw_config_model *m, const cJSON *root,
     if (rc == 0)
         rc = opt_int(tc, "qk_rope_head_dim", tptr, 0, 65536,
                      &m->qk_rope_head_dim, &has, name, err, errlen);
+    if (rc == 0)
+        rc = read_indexer(m, tc, tptr, name, err, errlen);
     if (rc == 0)
         rc = read_dtype(m, root, tc, tptr, name, err, errlen);
     return rc;

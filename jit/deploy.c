@@ -37,6 +37,8 @@ static const field_def fields[KW_CONFIG_NFIELDS] = {
     INT_FIELD(block_size, 1, 0),
     INT_FIELD(max_model_len, 1, 0),
     INT_FIELD(block_stride_rows, 1, 0),
+    {"num_speculative_tokens", NULL, 0, 7, 0,
+     offsetof(kw_config_deploy, num_speculative_tokens)},
     {"arch", NULL, 0, 0, 0, 0},
     {"text_config", NULL, 0, 0, 0, 0},
 };
@@ -79,7 +81,8 @@ const char *kw_config_field_flag(kw_config_field f)
     static const char *const flags[KW_CONFIG_NFIELDS] = {
         "--dcp-world", "--dcp-rank", "--dcp-interleave", "--pcp",
         "--max-num-batched-tokens", "--max-num-seqs", "--block-size",
-        "--max-model-len", "--block-stride-rows", "--arch", "--text-config",
+        "--max-model-len", "--block-stride-rows", "--num-speculative-tokens",
+        "--arch", "--text-config",
     };
     return (unsigned)f < KW_CONFIG_NFIELDS ? flags[f] : "?";
 }

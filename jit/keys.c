@@ -204,6 +204,33 @@ static void derive_stable_topk(const derive_in *in, keyvec *kv)
     keyvec_add(kv, row);
 }
 
+/* §4.6 indexer_logits: one prefill key, one decode key per ratio. */
+static void derive_logits(const derive_in *in, keyvec *kv)
+{
+    const kw_config_model *m = in->m;
+    if (!m->has_index_n_heads || !m->has_index_head_dim)
+        return;
+    int64_t pre[KW_KEYS_MAX_FIELDS] = {m->index_n_heads, m->index_head_dim,
+                                       0, 0, 1};
+    keyvec_add(kv, pre);
+    for (size_t r = 0; r < in->nratios_p; r++) {
+        int64_t row[KW_KEYS_MAX_FIELDS] = {
+            m->index_n_heads, m->index_head_dim, 1,
+            in->d->block_size / in->ratios_p[r],
+            1 + in->d->num_speculative_tokens};
+        keyvec_add(kv, row);
+    }
+}
+
+/* §4.7 indexer_topk. */
+static void derive_indexer_topk(const derive_in *in, keyvec *kv)
+{
+    for (int win = 1; win >= 0; win--) {
+        int64_t row[KW_KEYS_MAX_FIELDS] = {in->m->index_topk, win};
+        keyvec_add(kv, row);
+    }
+}
+
 typedef void (*derive_fn)(const derive_in *, keyvec *);
 
 static const derive_fn derivers[KW_K_NFAMILIES] = {
@@ -212,6 +239,8 @@ static const derive_fn derivers[KW_K_NFAMILIES] = {
     [KW_K_INDEX_CONVERSION] = derive_index_conversion,
     [KW_K_DCP_PACK_TOPK_CANDIDATES] = derive_pack,
     [KW_K_DCP_STABLE_TOPK] = derive_stable_topk,
+    [KW_K_INDEXER_LOGITS] = derive_logits,
+    [KW_K_INDEXER_TOPK] = derive_indexer_topk,
 };
 
 /* Runs one family's loops over every rank of the deployment.  Ranks whose
@@ -225,6 +254,9 @@ static int derive_family(derive_in *in, kw_k_family f, keyvec *kv)
     bool seen[3] = {false, false, false};
     kv->family = f;
     kv->nfields = kw_keys_nfields(f);
+    /* The indexer families do not depend on the rank (§4.6, §4.7). */
+    if (f == KW_K_INDEXER_LOGITS || f == KW_K_INDEXER_TOPK)
+        last = first;
     for (int64_t r = first; r <= last && kv->rc == 0; r++) {
         if (f == KW_K_PREFILL_CHUNK_METADATA) {
             int cls = rep(r) == 1 ? 0 : rep(r) == 2 ? 1 : 2;

@@ -53,6 +53,14 @@ static cJSON *settings_json(const kw_config_model *m)
         cJSON_AddNullToObject(s, "max_model_len");
     cJSON_AddNumberToObject(s, "kv_lora_rank", (double)m->kv_lora_rank);
     cJSON_AddNumberToObject(s, "qk_rope_head_dim", (double)m->qk_rope_head_dim);
+    if (m->has_index_n_heads)
+        cJSON_AddNumberToObject(s, "index_n_heads", (double)m->index_n_heads);
+    else
+        cJSON_AddNullToObject(s, "index_n_heads");
+    if (m->has_index_head_dim)
+        cJSON_AddNumberToObject(s, "index_head_dim", (double)m->index_head_dim);
+    else
+        cJSON_AddNullToObject(s, "index_head_dim");
     return s;
 }
 
@@ -78,6 +86,8 @@ static cJSON *deployment_json(const kw_config_deploy *d)
     cJSON_AddNumberToObject(o, "block_size", (double)d->block_size);
     cJSON_AddNumberToObject(o, "max_model_len", (double)d->max_model_len);
     cJSON_AddNumberToObject(o, "block_stride_rows", (double)d->block_stride_rows);
+    cJSON_AddNumberToObject(o, "num_speculative_tokens",
+                            (double)d->num_speculative_tokens);
     for (size_t i = 0; i < d->narch; i++)
         cJSON_AddItemToArray(arch, cJSON_CreateString(d->arch[i]));
     cJSON_AddItemToObject(o, "arch", arch);

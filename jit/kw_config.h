@@ -39,6 +39,10 @@ typedef struct kw_config_model {
     int64_t max_position_embeddings;
     int64_t kv_lora_rank;     /* 0 when absent */
     int64_t qk_rope_head_dim; /* 0 when absent */
+    bool has_index_n_heads;   /* index_n_heads, [1, 256] */
+    int64_t index_n_heads;
+    bool has_index_head_dim;  /* index_head_dim, 32..512, multiple of 32 */
+    int64_t index_head_dim;
     int element_size;         /* bytes per workspace element: 2 or 4 */
 } kw_config_model;
 
@@ -70,6 +74,7 @@ typedef enum kw_config_field {
     KW_CONFIG_BLOCK_SIZE,
     KW_CONFIG_MAX_MODEL_LEN,
     KW_CONFIG_BLOCK_STRIDE_ROWS,
+    KW_CONFIG_NUM_SPECULATIVE_TOKENS,
     KW_CONFIG_ARCH,
     KW_CONFIG_TEXT_CONFIG,
     KW_CONFIG_NFIELDS
@@ -88,6 +93,7 @@ typedef struct kw_config_deploy {
     int64_t block_size;        /* 0 until given or resolved */
     int64_t max_model_len;     /* 0 until given or resolved */
     int64_t block_stride_rows; /* 0 until given or resolved */
+    int64_t num_speculative_tokens; /* [0, 7]; next_n = 1 + this */
     char arch[KW_CONFIG_MAX_ARCH][KW_CONFIG_ARCH_LEN];
     size_t narch;
     char *text_config; /* --text-config pointer, or NULL */

@@ -85,12 +85,14 @@ cJSON *kw_keys_key_json(const kw_keys_key *k);
 #define KW_KEYS_MAX_HEADERS 8
 typedef struct kw_keys_build {
     char name_expr[512];
+    char arch[KW_CONFIG_ARCH_LEN + 1]; /* kw_k_compile_arch() of the key */
     kw_jit_header headers[KW_KEYS_MAX_HEADERS];
     size_t nheaders;
 } kw_keys_build;
 
 /* Renders key k into an NVRTC request for kw_jit_compile(): the family's
- * embedded source and headers, its template name expression, k->arch.
+ * embedded source and headers, its template name expression, and the
+ * arch it builds for (kw_k_compile_arch: sm_90a for sm_90 indexer_logits).
  * req borrows from b and from k (the arch), which must outlive it.
  * Returns 0, KW_ENOFAMILY (no source embedded) or KW_ENOSPC. */
 int kw_keys_jit_req(const kw_keys_key *k, kw_keys_build *b, kw_jit_req *req);

@@ -1,8 +1,8 @@
 /* registry.c: the kernel family registry and the key digest (§6).
  *
- * A family is its kernels/ entry (name, fields in the spec's order, the
- * embedded source kernels/<name>.cu plus every shared header), which of
- * its fields are booleans (below), and its key derivation (keys.c).
+ * A family is its kernels/ entry (name, fields and their kinds in the
+ * spec's order, the embedded source kernels/<name>.cu plus every shared
+ * header, the arch it builds for) and its key derivation (keys.c).
  */
 #include "kw_keys.h"
 
@@ -17,16 +17,6 @@
 
 _Static_assert(KW_KEYS_MAX_FIELDS >= KW_K_MAX_FIELDS,
                "a key holds every field of every family");
-
-/* Which fields of each family are booleans (bit i: field i), so they
- * print as JSON booleans; names, order and sources come from kernels/. */
-static const unsigned bool_fields[KW_K_NFAMILIES] = {
-    [KW_K_PREFILL_CHUNK_METADATA] = 1u << 7,
-    [KW_K_COMPRESSED_SLOT_MAPPING] = 0,
-    [KW_K_INDEX_CONVERSION] = (1u << 3) | (1u << 5) | (1u << 6) | (1u << 7),
-    [KW_K_DCP_PACK_TOPK_CANDIDATES] = 1u << 3,
-    [KW_K_DCP_STABLE_TOPK] = 0,
-};
 
 const char *kw_keys_family_name(kw_k_family f)
 {
@@ -52,7 +42,7 @@ const char *kw_keys_field_name(kw_k_family f, size_t i)
 
 bool kw_keys_field_is_bool(kw_k_family f, size_t i)
 {
-    return i < kw_keys_nfields(f) && (bool_fields[f] >> i) & 1u;
+    return kw_k_field_is_bool(f, i);
 }
 
 /* The canonical encoding: every variable-size item is length-prefixed
@@ -124,9 +114,14 @@ void kw__keys_digest_with(const kw__keys_digest_ctx *ctx, const kw_keys_key *k,
     crypto_generichash_update(&st, ctx->source[k->family], KW_KEYS_DIGEST_LEN);
     put_u64(&st, (uint64_t)ctx->nvrtc_major);
     put_u64(&st, (uint64_t)ctx->nvrtc_minor);
-    /* The options NVRTC will be given, arch option included. */
+    /* The options NVRTC will be given, arch option included: the compile
+     * arch (sm_90a for an sm_90 indexer_logits key), which equals k->arch
+     * for every other key, so their digests did not change. */
+    char arch[KW_CONFIG_ARCH_LEN + 1];
+    if (kw_k_compile_arch(k->family, k->arch, arch, sizeof arch) < 0)
+        snprintf(arch, sizeof arch, "%s", k->arch);
     const char *opts[32];
-    size_t nopts = kw_jit_default_opts(k->arch, opts, 32);
+    size_t nopts = kw_jit_default_opts(arch, opts, 32);
     put_u64(&st, nopts);
     for (size_t i = 0; i < nopts && i < 32; i++)
         put_str(&st, opts[i], strlen(opts[i]));

@@ -9,7 +9,7 @@
 #define P(i) kw__k_arg_ptr(args, (i))
 #define I(i) kw__k_arg_int(args, (i))
 
-static int pcm(const int64_t *fl, void **args)
+int kw__k_cpu_pcm(const int64_t *fl, void **args)
 {
     kw_k_pcm_args a = {
         .compress_ratio = (int32_t)fl[6],
@@ -25,7 +25,7 @@ static int pcm(const int64_t *fl, void **args)
     return kw_k_ref_prefill_chunk_metadata(&a);
 }
 
-static int csm(const int64_t *fl, void **args)
+int kw__k_cpu_csm(const int64_t *fl, void **args)
 {
     kw_k_csm_args a = {
         .compress_ratio = (int32_t)fl[0], .dcp_world = (int32_t)fl[3],
@@ -37,7 +37,7 @@ static int csm(const int64_t *fl, void **args)
     return kw_k_ref_compressed_slot_mapping(&a);
 }
 
-static int ic(const int64_t *fl, void **args)
+int kw__k_cpu_ic(const int64_t *fl, void **args)
 {
     kw_k_ic_args a = {
         .block_size = (int32_t)fl[0], .block_stride_rows = (int32_t)fl[1],
@@ -53,7 +53,7 @@ static int ic(const int64_t *fl, void **args)
     return kw_k_ref_index_conversion(&a);
 }
 
-static int pack(const int64_t *fl, void **args)
+int kw__k_cpu_pack(const int64_t *fl, void **args)
 {
     kw_k_pack_args a = {
         .dcp_rank = (int32_t)fl[0], .dcp_world = (int32_t)fl[1],
@@ -65,7 +65,7 @@ static int pack(const int64_t *fl, void **args)
     return kw_k_ref_dcp_pack_topk_candidates(&a);
 }
 
-static int topk(const int64_t *fl, void **args)
+int kw__k_cpu_topk(const int64_t *fl, void **args)
 {
     kw_k_topk_args a = {
         .topk = (int32_t)fl[0], .num_candidates = (int32_t)fl[1],
@@ -74,25 +74,48 @@ static int topk(const int64_t *fl, void **args)
     return kw_k_ref_dcp_stable_topk(&a);
 }
 
-int kw_k_cpu_launch(kw_k_family f, const int64_t *fields, void **args)
+int kw__k_cpu_logits_mag(const int64_t *fl, void **args, double *mag)
 {
-    int rc = kw_k_fields_check(f, fields);
-    if (rc < 0)
-        return rc;
-    if (!args)
-        return KW_EINVAL;
-    switch (f) {
-    case KW_K_PREFILL_CHUNK_METADATA:
-        return pcm(fields, args);
-    case KW_K_COMPRESSED_SLOT_MAPPING:
-        return csm(fields, args);
-    case KW_K_INDEX_CONVERSION:
-        return ic(fields, args);
-    case KW_K_DCP_PACK_TOPK_CANDIDATES:
-        return pack(fields, args);
-    case KW_K_DCP_STABLE_TOPK:
-        return topk(fields, args);
-    default:
-        return KW_ENOFAMILY;
+    kw_k_logits_args a = {
+        .heads = (int32_t)fl[0], .head_dim = (int32_t)fl[1],
+        .paged = fl[2] != 0, .page_rows = (int32_t)fl[3],
+        .next_n = (int32_t)fl[4],
+        .q = P(0), .w = P(1), .k = P(2), .k_scale = P(3),
+        .num_pages = -1,
+    };
+    if (a.paged) {
+        a.block_table = P(4);
+        a.row_end = P(5);
+        a.num_reqs = I(6);
+        a.width = I(7);
+        a.max_rows = I(8);
+    } else {
+        a.ks = P(4);
+        a.ke = P(5);
+        a.num_rows = I(6);
+        a.num_k = I(7);
+        a.stride = I(8);
     }
+    a.logits = P(9);
+    return kw_k_ref_indexer_logits(&a, mag);
+}
+
+int kw__k_cpu_logits(const int64_t *fl, void **args)
+{
+    return kw__k_cpu_logits_mag(fl, args, NULL);
+}
+
+int kw__k_cpu_itopk(const int64_t *fl, void **args)
+{
+    kw_k_itopk_args a = {
+        .topk = (int32_t)fl[0], .windowed = fl[1] != 0,
+        .logits = P(0), .num_rows = I(3), .stride = I(4), .topk_pos = P(5),
+    };
+    if (a.windowed) {
+        a.ks = P(1);
+        a.ke = P(2);
+    } else {
+        a.row_end = P(1);
+    }
+    return kw_k_ref_indexer_topk(&a);
 }

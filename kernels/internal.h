@@ -67,7 +67,7 @@ static inline int32_t kw__k_arg_int(void **args, int i)
 #define KW__K_MAX_BUFS 8
 #define KW__K_MAX_ARGS 16
 
-typedef enum kw__k_elem { KW__K_I32, KW__K_I64, KW__K_F32 } kw__k_elem;
+typedef enum kw__k_elem { KW__K_I32, KW__K_I64, KW__K_F32, KW__K_U8 } kw__k_elem;
 
 /* One kernel array: host copy, reference result and device allocation. */
 typedef struct kw__k_buf {
@@ -78,6 +78,8 @@ typedef struct kw__k_buf {
     bool output;
     void *host;      /* inputs: the data; outputs: poison, then download */
     void *expect;    /* outputs: the reference's result, once computed */
+    double *tol;     /* F32 outputs: allowed |got - expect| per element
+                        (infinities and NaN stay bit-exact); NULL: exact */
     uint64_t base, dptr;
 } kw__k_buf;
 
@@ -95,6 +97,7 @@ struct kw_k_case {
     kw__k_arg args[KW__K_MAX_ARGS]; /* in the kernel's parameter order */
     size_t nargs;
     unsigned grid[3], block[3];
+    unsigned shmem; /* dynamic shared memory bytes */
     size_t bytes; /* kw_k_case_bytes() */
     bool upload_tried, uploaded, have_expect;
 };
@@ -133,13 +136,34 @@ static inline bool kw__k_chance(kw__k_rng *r, unsigned per_mille)
     return kw__k_rand(r) % 1000 < per_mille;
 }
 
-/* Per-family input generators (gen.c, gen_dcp.c): add the kernel's
- * parameters in order, set grid, block and bytes. */
+/* Per-family input generators (gen.c, gen_dcp.c, gen_indexer.c): add the
+ * kernel's parameters in order, set grid, block, shmem and bytes.  They
+ * are reached through the family table (family.c). */
+typedef int (*kw__k_gen_fn)(kw_k_case *c, const kw_k_shape *s, kw__k_rng *g);
 int kw__k_gen_pcm(kw_k_case *c, const kw_k_shape *s, kw__k_rng *g);
 int kw__k_gen_csm(kw_k_case *c, const kw_k_shape *s, kw__k_rng *g);
 int kw__k_gen_ic(kw_k_case *c, const kw_k_shape *s, kw__k_rng *g);
 int kw__k_gen_pack(kw_k_case *c, const kw_k_shape *s, kw__k_rng *g);
 int kw__k_gen_topk(kw_k_case *c, const kw_k_shape *s, kw__k_rng *g);
+int kw__k_gen_logits(kw_k_case *c, const kw_k_shape *s, kw__k_rng *g);
+int kw__k_gen_itopk(kw_k_case *c, const kw_k_shape *s, kw__k_rng *g);
+
+/* Runs c's family generator (family.c's table). */
+int kw__k_family_gen(kw_k_case *c, const kw_k_shape *s, kw__k_rng *g);
+
+/* Per-family CPU launches (cpu.c): the reference on kernel parameters. */
+typedef int (*kw__k_cpu_fn)(const int64_t *fields, void **args);
+int kw__k_cpu_pcm(const int64_t *fields, void **args);
+int kw__k_cpu_csm(const int64_t *fields, void **args);
+int kw__k_cpu_ic(const int64_t *fields, void **args);
+int kw__k_cpu_pack(const int64_t *fields, void **args);
+int kw__k_cpu_topk(const int64_t *fields, void **args);
+int kw__k_cpu_logits(const int64_t *fields, void **args);
+int kw__k_cpu_itopk(const int64_t *fields, void **args);
+
+/* indexer_logits' reference with the absolute-value sums (mag, laid out
+ * as the logits; NULL: none), for the harness's tolerance. */
+int kw__k_cpu_logits_mag(const int64_t *fields, void **args, double *mag);
 
 /* A value of specialisation class rep (1, 2 or 16) in [lo, hi], or -1
  * when the class has none there. */

@@ -17,14 +17,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Families, in registry order (spec/warmup-keys.md §4.1 .. §4.5). */
+/* Families, in registry order (spec/warmup-keys.md §4.1 .. §4.7). */
 typedef enum kw_k_family {
     KW_K_PREFILL_CHUNK_METADATA = 0,
     KW_K_COMPRESSED_SLOT_MAPPING = 1,
     KW_K_INDEX_CONVERSION = 2,
     KW_K_DCP_PACK_TOPK_CANDIDATES = 3,
     KW_K_DCP_STABLE_TOPK = 4,
-    KW_K_NFAMILIES = 5
+    KW_K_INDEXER_LOGITS = 5,
+    KW_K_INDEXER_TOPK = 6,
+    KW_K_NFAMILIES = 7
 } kw_k_family;
 
 /* One embedded kernel source file (kernels/<name>, .cu or .cuh). */
@@ -88,15 +90,37 @@ typedef struct kw_k_dev {
  *       const int *topk_pos, const int *prefill_req (opt), const int
  *       *workspace_start (opt), int num_rows, int num_reqs, int num_prefill,
  *       int width, int workspace_rank_stride, int *out, int *valid_count
- *       (opt).  Block: num_warps*32 threads.  Grid: one block per row.
+ *       (opt).  Block: num_warps*32 threads.  Grid: any; one block per row,
+ *       or, when num_topk_tokens <= 512, one per num_warps rows (a warp
+ *       per row).
  *   dcp_pack_topk_candidates: const float *logits, const int *topk_local,
  *       const int *row_starts (opt), int num_rows, int cols, float *packed.
  *       Block: block_size threads.  Grid: one block per row.
  *   dcp_stable_topk: const float *gathered, int num_rows, int *out.
  *       Block: kw_k_block_threads() (1024 when num_candidates > 4096, else
  *       512).  Grid: one block per row.
- * No kernel uses dynamic shared memory.  "Any grid" kernels are correct
- * for every grid size; the "one block per row" ones too (they stride).
+ *   indexer_logits, prefill (paged false): const uint8 *q [T][H][D] (fp8
+ *       e4m3), const float *w [T][H], const uint8 *k [N][D], const float
+ *       *k_scale [N], const int *ks, const int *ke, int num_rows (T),
+ *       int num_k (N), int stride, float *logits [T][stride].
+ *       Grid: ceil(T / kw_k_logits_queries()) blocks.
+ *   indexer_logits, decode (paged true): const uint8 *q [Q][H][D], const
+ *       float *w [Q][H], const uint8 *k_pages [pages][page_rows][D], const
+ *       float *k_scale_pages [pages][page_rows], const int *block_table
+ *       [B][width], const int *row_end [Q], int num_reqs (B), int width,
+ *       int max_rows, float *logits [Q][max_rows].  Grid: (split, B,
+ *       query groups): any split >= 1 (blocks stride over row tiles),
+ *       ceil(next_n / kw_k_logits_queries()) groups.
+ *       Both: kw_k_block_threads() (256) threads and kw_k_shmem_bytes()
+ *       of dynamic shared memory, the same on every arch.
+ *   indexer_topk: const float *logits [rows][stride], const int *ks
+ *       (windowed; else row_end), const int *ke (windowed; else 0), int
+ *       num_rows, int stride, int *topk_pos [rows][topk].  Block: 1024
+ *       threads, kw_k_shmem_bytes() dynamic shared memory.  Grid: any
+ *       (blocks stride over rows).
+ * The other families use no dynamic shared memory.  "Any grid" kernels
+ * are correct for every grid size; the "one block per row" ones too (they
+ * stride).
  * ---------------------------------------------------------------------- */
 
 /* Most fields any family has (index_conversion's 13). */
@@ -134,8 +158,26 @@ int kw_k_fields_check(kw_k_family f, const int64_t *fields);
 int kw_k_name_expr(kw_k_family f, const int64_t *fields, char *buf,
                    size_t cap);
 
+/* True when field i of f is a boolean (printed true/false, JSON bool). */
+bool kw_k_field_is_bool(kw_k_family f, size_t i);
+
 /* Threads per block of the key's kernel; 0 when fields fail the check. */
 unsigned kw_k_block_threads(kw_k_family f, const int64_t *fields);
+
+/* Bytes of dynamic shared memory a launch of the key's kernel takes (the
+ * same on every arch); 0 when it takes none or fields fail the check. */
+unsigned kw_k_shmem_bytes(kw_k_family f, const int64_t *fields);
+
+/* Queries one indexer_logits block scores at once (prefill: consecutive
+ * rows; decode: queries of one request); 0 for another family. */
+unsigned kw_k_logits_queries(kw_k_family f, const int64_t *fields);
+
+/* The architecture NVRTC compiles the key for, written into buf (cap
+ * bytes): arch itself, except that indexer_logits keys for sm_90 build
+ * for sm_90a (wgmma exists only there; an sm_90a cubin runs on every
+ * compute capability 9.0 GPU, and the cubin is stored under the key's
+ * own arch).  0, KW_ENOSPC or KW_EINVAL. */
+int kw_k_compile_arch(kw_k_family f, const char *arch, char *buf, size_t cap);
 
 /* ------------------------------------------------------------------------
  * CPU references (spec/kernels.md), the oracle for tests and kwarm verify.
@@ -227,6 +269,47 @@ typedef struct kw_k_topk_args {
  * output is int32, so larger ids cannot be returned). */
 int kw_k_ref_dcp_stable_topk(const kw_k_topk_args *a);
 
+typedef struct kw_k_logits_args {
+    int32_t heads, head_dim;  /* key: H, D */
+    bool paged;               /* key */
+    int32_t page_rows, next_n; /* key (decode) */
+    const uint8_t *q;         /* [T or Q][H][D] fp8 e4m3 */
+    const float *w;           /* [T or Q][H] */
+    const uint8_t *k;         /* prefill [N][D]; decode [pages][page_rows][D] */
+    const float *k_scale;     /* prefill [N]; decode [pages][page_rows] */
+    /* prefill: windows [ks[t], ke[t]) with 0 <= ks <= ke <= N */
+    const int32_t *ks, *ke;
+    int32_t num_rows, num_k, stride; /* T >= 0, N >= 0, stride >= N */
+    /* decode: Q = num_reqs * next_n queries */
+    const int32_t *block_table; /* [B][width], entries >= 0 */
+    const int32_t *row_end;     /* [Q], in [0, min(max_rows,
+                                   width * page_rows)] */
+    int32_t num_reqs, width, max_rows;
+    int32_t num_pages; /* pages of k; -1: block_table entries unchecked */
+    float *logits;     /* out: prefill [T][stride] (n < N written);
+                          decode [Q][max_rows] */
+} kw_k_logits_args;
+
+/* Sums in double, rounds once to float; -inf outside the windows.  When
+ * mag is not NULL it gets, per output element (same layout), the sum over
+ * absolute values |k_scale| * sum_h |w| * sum_d |q k| that bounds the
+ * rounding error (spec: |got - ref| <= 2^-12 m + 2^-100); 0 for -inf. */
+int kw_k_ref_indexer_logits(const kw_k_logits_args *a, double *mag);
+
+typedef struct kw_k_itopk_args {
+    int32_t topk;  /* key */
+    bool windowed; /* key */
+    int32_t num_rows, stride;
+    const float *logits;     /* [rows][stride] */
+    const int32_t *ks, *ke;  /* windowed: [rows], 0 <= ks <= ke <= stride */
+    const int32_t *row_end;  /* not windowed: [rows], in [0, stride] */
+    int32_t *topk_pos;       /* out [rows][topk] */
+} kw_k_itopk_args;
+
+/* Positions relative to the window start, best first: higher value, then
+ * lower position (-0.0 equals +0.0); NaN below every number; -1 pads. */
+int kw_k_ref_indexer_topk(const kw_k_itopk_args *a);
+
 /* CPU stand-in for a launch: runs f's reference on kernel parameters laid
  * out exactly as for cuLaunchKernel (args[i] points at the i-th parameter;
  * "device" pointers are host addresses).  For tests and dry runs without a
@@ -285,6 +368,9 @@ int kw_k_case_launch(kw_k_case *c, const kw_k_dev *dev);
 /* The geometry kw_k_case_launch() uses. */
 void kw_k_case_geometry(const kw_k_case *c, unsigned grid[3],
                         unsigned block[3]);
+
+/* Dynamic shared memory bytes kw_k_case_launch() passes. */
+unsigned kw_k_case_shmem(const kw_k_case *c);
 
 typedef struct kw_k_check_result {
     uint64_t checked;     /* output elements compared */

@@ -1,0 +1,241 @@
+/* indexer_topk.cu: the indexer's per-row top-k (spec/kernels.md,
+ * indexer_topk).  Device code only.
+ *
+ * Template parameters are the key's fields: TOPK and WINDOWED.
+ *
+ * Launch: 1024 threads, kw_k_shmem_bytes() (IT_SMEM) of dynamic shared
+ * memory; any grid (blocks stride over rows).
+ *
+ * Each element of a window becomes the 64-bit key (mono(score) << 32) |
+ * (0xffffffff - position), where mono() maps a float to an unsigned that
+ * orders as the spec ranks scores (NaN lowest, -0.0 folded onto +0.0).
+ * Keys are unique, larger is better, and sorting them descending gives
+ * exactly the spec's order, ties by lower position included.
+ *
+ * Fast path (TOPK <= IT_CAP): one pass builds a histogram of the top 11
+ * bits of mono(score); the bin holding the TOPK-th best is the boundary.
+ * A second pass gathers the keys above it (fewer than TOPK) and those in
+ * it (when at most IT_CAP); the boundary keys are sorted and the best
+ * TOPK - above of them join the winners, which are sorted and written.
+ * Two reads of the window.  When the boundary bin overflows (mass ties)
+ * or TOPK > IT_CAP, the slow path emits the output in chunks of IT_CAP
+ * ranks, each bounded by an exact radix select of the 64-bit keys (eight
+ * 8-bit passes over the window): slower, for any window up to 2^31.
+ */
+
+typedef unsigned long long kw_u64;
+
+#define IT_THREADS 1024
+#define IT_CAP 4096
+#define IT_BINS 2048
+/* hist[IT_BINS] u32, sel[IT_CAP] u64, cand[IT_CAP] u64 */
+#define IT_SMEM (IT_BINS * 4 + 2 * IT_CAP * 8)
+
+__device__ __forceinline__ unsigned it_mono(float s)
+{
+    unsigned u = __float_as_uint(s);
+    if (isnan(s))
+        return 0u;
+    u = u == 0x80000000u ? 0u : u;
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ __forceinline__ kw_u64 it_key(float s, int pos)
+{
+    return ((kw_u64)it_mono(s) << 32) | (0xffffffffu - (unsigned)pos);
+}
+
+struct it_ctl {
+    int bin, above, count; /* a radix step's result */
+    int nsel, ncand;
+};
+
+/* Warp 0: finds the bin (of NB, counted in hist) holding the k-th largest
+ * key (1-based), with the number of keys in higher bins. */
+template <int NB>
+__device__ __forceinline__ void it_find(const unsigned *hist, int k,
+                                        it_ctl *ctl)
+{
+    constexpr int PER = NB / 32;
+    const int lane = threadIdx.x & 31;
+    int s = 0;
+    for (int j = 0; j < PER; j++)
+        s += (int)hist[NB - 1 - PER * lane - j];
+    int x = s;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        int y = __shfl_up_sync(0xffffffffu, x, off);
+        x += lane >= off ? y : 0;
+    }
+    int before = x - s;
+    for (int j = 0; j < PER; j++) {
+        int b = NB - 1 - PER * lane - j, h = (int)hist[b];
+        if (before < k && k <= before + h) {
+            ctl->bin = b;
+            ctl->above = before;
+            ctl->count = h;
+        }
+        before += h;
+    }
+}
+
+/* Sorts a[0..n) descending (bitonic over the next power of two, padded
+ * with 0, which is below every key: no position is 0xffffffff). */
+__device__ void it_sort(kw_u64 *a, int n)
+{
+    int p = 1;
+    while (p < n)
+        p <<= 1;
+    for (int i = n + threadIdx.x; i < p; i += IT_THREADS)
+        a[i] = 0;
+    __syncthreads();
+    for (int k = 2; k <= p; k <<= 1)
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            for (int i = threadIdx.x; i < p; i += IT_THREADS) {
+                int ixj = i ^ j;
+                if (ixj > i) {
+                    kw_u64 x = a[i], y = a[ixj];
+                    bool desc = (i & k) == 0;
+                    if (desc ? x < y : x > y) {
+                        a[i] = y;
+                        a[ixj] = x;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+}
+
+/* The exact key of the k-th largest (1-based, k <= len) element. */
+__device__ kw_u64 it_select(const float *__restrict__ row, int len, int k,
+                            unsigned *hist, it_ctl *ctl)
+{
+    kw_u64 prefix = 0;
+    for (int shift = 56; shift >= 0; shift -= 8) {
+        for (int i = threadIdx.x; i < 256; i += IT_THREADS)
+            hist[i] = 0;
+        __syncthreads();
+        for (int i = threadIdx.x; i < len; i += IT_THREADS) {
+            kw_u64 key = it_key(__ldg(row + i), i);
+            if (shift == 56 || (key >> (shift + 8)) == (prefix >> (shift + 8)))
+                atomicAdd(&hist[(key >> shift) & 255], 1u);
+        }
+        __syncthreads();
+        if (threadIdx.x < 32)
+            it_find<256>(hist, k, ctl);
+        __syncthreads();
+        k -= ctl->above;
+        prefix |= (kw_u64)ctl->bin << shift;
+        __syncthreads();
+    }
+    return prefix;
+}
+
+/* Writes the positions of sorted keys a[0..n) to out[r0..r0+n). */
+__device__ __forceinline__ void it_emit(const kw_u64 *a, int n, int *out)
+{
+    for (int i = threadIdx.x; i < n; i += IT_THREADS)
+        out[i] = (int)(0xffffffffu - (unsigned)a[i]);
+}
+
+/* Any k and window: chunks of IT_CAP ranks between exact selects. */
+__device__ void it_slow(const float *__restrict__ row, int len, int k,
+                        int *out, unsigned *hist, kw_u64 *sel, it_ctl *ctl)
+{
+    kw_u64 upper = 0; /* exclusive bound; unused for the first chunk */
+    for (int r0 = 0; r0 < k; r0 += IT_CAP) {
+        int r1 = min(k, r0 + IT_CAP);
+        kw_u64 lower = it_select(row, len, r1, hist, ctl);
+        if (threadIdx.x == 0)
+            ctl->nsel = 0;
+        __syncthreads();
+        for (int i = threadIdx.x; i < len; i += IT_THREADS) {
+            kw_u64 key = it_key(__ldg(row + i), i);
+            if (key >= lower && (r0 == 0 || key < upper))
+                sel[atomicAdd(&ctl->nsel, 1)] = key;
+        }
+        __syncthreads();
+        it_sort(sel, r1 - r0);
+        it_emit(sel, r1 - r0, out + r0);
+        upper = lower;
+        __syncthreads();
+    }
+}
+
+/* TOPK <= IT_CAP: histogram, gather, sort.  False when the boundary bin
+ * holds more than IT_CAP keys (the caller takes the slow path). */
+template <int TOPK>
+__device__ bool it_fast(const float *__restrict__ row, int len, int *out,
+                        unsigned *hist, kw_u64 *sel, kw_u64 *cand,
+                        it_ctl *ctl)
+{
+    const bool all = len <= TOPK;
+    if (!all) {
+        for (int i = threadIdx.x; i < IT_BINS; i += IT_THREADS)
+            hist[i] = 0;
+        __syncthreads();
+        for (int i = threadIdx.x; i < len; i += IT_THREADS)
+            atomicAdd(&hist[it_mono(__ldg(row + i)) >> 21], 1u);
+        __syncthreads();
+        if (threadIdx.x < 32)
+            it_find<IT_BINS>(hist, TOPK, ctl);
+    } else if (threadIdx.x == 0) {
+        ctl->bin = -1;
+        ctl->above = len;
+        ctl->count = 0;
+    }
+    if (threadIdx.x == 0)
+        ctl->nsel = ctl->ncand = 0;
+    __syncthreads();
+    const int bin = ctl->bin, above = ctl->above;
+    if (ctl->count > IT_CAP)
+        return false;
+    for (int i = threadIdx.x; i < len; i += IT_THREADS) {
+        float s = __ldg(row + i);
+        int b = (int)(it_mono(s) >> 21);
+        if (b > bin)
+            sel[atomicAdd(&ctl->nsel, 1)] = it_key(s, i);
+        else if (b == bin)
+            cand[atomicAdd(&ctl->ncand, 1)] = it_key(s, i);
+    }
+    __syncthreads();
+    const int n = all ? len : TOPK;
+    if (!all) {
+        it_sort(cand, ctl->ncand);
+        for (int i = threadIdx.x; i < TOPK - above; i += IT_THREADS)
+            sel[above + i] = cand[i];
+        __syncthreads();
+    }
+    it_sort(sel, n);
+    it_emit(sel, n, out);
+    return true;
+}
+
+/* Entry point: (logits, ks or row_end, ke or unused, num_rows, stride,
+ * topk_pos); see kw_kernels.h. */
+template <int TOPK, bool WINDOWED>
+__global__ void __launch_bounds__(IT_THREADS) kw_k_indexer_topk(
+    const float *__restrict__ logits, const int *__restrict__ ks,
+    const int *__restrict__ ke, int num_rows, int stride,
+    int *__restrict__ topk_pos)
+{
+    extern __shared__ __align__(16) unsigned char it_smem[];
+    __shared__ it_ctl ctl;
+    unsigned *hist = (unsigned *)it_smem;
+    kw_u64 *sel = (kw_u64 *)(it_smem + IT_BINS * 4);
+    kw_u64 *cand = sel + IT_CAP;
+    for (int r = blockIdx.x; r < num_rows; r += gridDim.x) {
+        const int start = WINDOWED ? ks[r] : 0;
+        const int end = WINDOWED ? ke[r] : ks[r];
+        const int len = end > start ? end - start : 0;
+        const int k = len < TOPK ? len : TOPK;
+        const float *row = logits + (long long)r * stride + start;
+        int *out = topk_pos + (long long)r * TOPK;
+        for (int i = k + threadIdx.x; i < TOPK; i += IT_THREADS)
+            out[i] = -1;
+        if (k > 0 && !(TOPK <= IT_CAP &&
+                       it_fast<TOPK>(row, len, out, hist, sel, cand, &ctl)))
+            it_slow(row, len, k, out, hist, sel, &ctl);
+        __syncthreads();
+    }
+}
