@@ -7,6 +7,7 @@
 #define KW_CLI_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "kw_config.h"
 #include "kw_keys.h"
@@ -82,6 +83,23 @@ struct kw_cache_stats;
 void kw__cli_print_stats(const struct kw_cache_stats *st, const char *dir,
                          bool json);
 
+/* Progress of a long command (cli_warm.c): a bar on a terminal, else a
+ * line at most every KW__CLI_PROGRESS_S seconds; nothing when quiet. */
+#define KW__CLI_PROGRESS_S 2.0
+typedef struct kw__cli_progress {
+    const char *label;
+    bool tty, quiet;
+    double last; /* when the last line was printed */
+} kw__cli_progress;
+void kw__cli_progress_init(kw__cli_progress *p, const char *label, bool quiet);
+void kw__cli_progress_show(kw__cli_progress *p, size_t done, size_t n);
+
+/* Prints one failed key: "kwarm CMD: FAMILY ARCH DIGEST16 failed: ERROR",
+ * then its NVRTC log (may be NULL) as is. */
+void kw__cli_print_failure(const char *cmd, const char *family,
+                           const char *arch, const char *hex, const char *error,
+                           const char *log);
+
 /* Writes len bytes to path through a temporary file and rename(), so a
  * reader never sees half a cubin.  Returns 0 or -errno. */
 int kw__cli_write_atomic(const char *path, const void *data, size_t len);
@@ -98,12 +116,82 @@ int kw__cli_put_cubin(const char *cmd, const char *path, const void *data,
                       size_t len, const char *family, const char *arch,
                       const char *entry);
 
+/* How a --cache command opens the directory (kw__cli_cache_open). */
+typedef enum kw__cli_access {
+    KW_CLI_READ,       /* never writes: works on a cache it cannot write */
+    KW_CLI_READ_WRITE, /* records hits, compiles misses; read-only when the
+                          directory cannot be written (auto_read_only) */
+    KW_CLI_WRITE,      /* must write (evict, unpin, resize) */
+} kw__cli_access;
+
+/* Opens an existing cache directory for cmd.  Prints the error and
+ * returns its exit code (2: no such directory, 1: cannot open), else
+ * KW_CLI_OK with *c set. */
+struct kw_cache;
+int kw__cli_cache_open(const char *cmd, const char *dir, kw__cli_access how,
+                       struct kw_cache **c);
+
+/* Resolves a --digest value: 64 hex digits as they are, or a unique
+ * prefix of at least 8 found in c (c may be NULL: then only 64 digits).
+ * Returns -1 with out set, else the exit code after printing why: 2 for a
+ * value that is not hex or an ambiguous prefix (the candidates follow the
+ * error line, one per line), 1 when no cached digest starts with it. */
+int kw__cli_digest_resolve(const char *cmd, struct kw_cache *c,
+                           const char *hex, uint8_t out[32]);
+
+/* True when argv[1..] holds flag (as "flag" or "flag=..."). */
+bool kw__cli_has_flag(int argc, char **argv, const char *flag);
+
+/* True when argv[1..] holds -h or --help. */
+bool kw__cli_wants_help(int argc, char **argv);
+
+/* One option of a cache-admin command (kw__cli_parse): a flag that takes
+ * a value (value set) or a switch (set set). */
+typedef struct kw__cli_opt {
+    const char *flag;
+    const char **value;
+    bool *set;
+} kw__cli_opt;
+
+/* Parses argv[1..] against opts; at most one positional argument goes to
+ * *pos (pos NULL: none allowed).  -h/--help prints usage.  Returns -1 to go
+ * on, else the exit code (after printing the error). */
+int kw__cli_parse(const char *cmd, int argc, char **argv,
+                  const kw__cli_opt *opts, size_t nopts, const char **pos,
+                  const char *usage);
+
+/* The --socket form of a cache-admin command that kwarmd does not serve
+ * yet: prints so and returns KW_CLI_USAGE. */
+int kw__cli_no_socket(const char *cmd);
+
+/* Printing the documents of ls, evict, pins, unpin and resize.  Each takes
+ * the JSON a kwarmd request of that name returns (--json prints it as it
+ * is), so --cache and --socket print alike. */
+struct cJSON;
+void kw__cli_print_json(const struct cJSON *doc);
+void kw__cli_print_ls(const struct cJSON *doc, bool json);
+void kw__cli_print_evict(const struct cJSON *doc, bool json);
+void kw__cli_print_pins(const struct cJSON *doc, bool json);
+void kw__cli_print_unpin(const struct cJSON *doc, bool json);
+void kw__cli_print_resize(const struct cJSON *doc, const char *where, bool json);
+
+/* Unix seconds as local "YYYY-MM-DD HH:MM" ("-" for 0), bytes as "13.7K",
+ * and member name of obj as a count (0 when missing or not a number). */
+void kw__cli_time(uint64_t t, char *buf, size_t cap);
+void kw__cli_size(uint64_t n, char *buf, size_t cap);
+uint64_t kw__cli_u64(const struct cJSON *obj, const char *name);
+
 /* The commands. */
 int kw__cli_keys(int argc, char **argv);
 int kw__cli_verify(int argc, char **argv);
 int kw__cli_prewarm(int argc, char **argv);
 int kw__cli_get(int argc, char **argv);
 int kw__cli_stats(int argc, char **argv);
+int kw__cli_ls(int argc, char **argv);
+int kw__cli_evict(int argc, char **argv);
+int kw__cli_pins(int argc, char **argv);
+int kw__cli_unpin(int argc, char **argv);
+int kw__cli_resize(int argc, char **argv);
 
 /* The commands that talk to kwarmd (cli_daemon.c).  kw__cli_get and
  * kw__cli_stats hand over to the _socket forms when no --cache is given;

@@ -1,4 +1,6 @@
-/* cli_cache.c: `kwarm get` and `kwarm stats` on a cache directory. */
+/* cli_cache.c: `kwarm get` and `kwarm stats` on a cache directory, and
+ * what every --cache command shares: opening the directory (read-only
+ * where the command only reads) and resolving --digest prefixes. */
 #include "cli.h"
 
 #include <errno.h>
@@ -12,6 +14,7 @@
 
 #include "kw_cache.h"
 #include "kw_err.h"
+#include "kw_jit.h"
 #include "kw_parse.h"
 
 static const char get_usage[] =
@@ -19,13 +22,28 @@ static const char get_usage[] =
     "                 --cache DIR -o FILE\n"
     "       kwarm get (...same key...) -o FILE [--socket PATH] [--no-compile]\n"
     "\n"
-    "Writes one cached cubin to FILE (atomically) and prints its entry point.\n"
-    "The key is its 64-hex-digit digest (as kwarm keys prints it), or the\n"
-    "family, every field of it and the arch. With --cache the directory is\n"
-    "read directly; otherwise kwarmd is asked (--socket, $KWARM_SOCKET, or\n"
-    "the default socket), which compiles a missing key unless --no-compile.\n"
-    "Exit 1 when it is not cached.\n"
+    "Writes one cubin to FILE and prints its entry point.  The key is its\n"
+    "digest, or the family, every field of it and the arch.  With --cache the\n"
+    "directory is read directly; otherwise kwarmd is asked.\n"
     "\n"
+    "On a miss, a key given by family, fields and arch is compiled (and\n"
+    "stored), unless --no-compile or the cache is read-only.  A digest cannot\n"
+    "be compiled (it names no fields): a missing digest is an error, exit 1.\n"
+    "\n"
+    "  --digest HEX               64 hex digits, or a unique prefix of at least\n"
+    "                             8 (the 16 kwarm keys prints); ambiguous: exit 2\n"
+    "  --family F                 kernel family, e.g. dcp_stable_topk\n"
+    "  --fields k=v,...           every field of the family (kwarm keys --json)\n"
+    "  --arch sm_XX               target architecture\n"
+    "  --cache DIR                read this cache directory (works read-only)\n"
+    "  --socket PATH              ask kwarmd on PATH ($KWARM_SOCKET, else\n"
+    "                             $XDG_RUNTIME_DIR/kwarm.sock, or\n"
+    "                             /run/kwarm/kwarm.sock for root)\n"
+    "  -o FILE                    where the cubin goes: a regular file is\n"
+    "                             replaced atomically, a device or FIFO written\n"
+    "                             in place (-o /dev/stdout), - is stdout (not a\n"
+    "                             terminal); a directory is refused\n"
+    "  --no-compile               never compile a miss\n"
     "  -h, --help                 this text\n";
 
 static const char stats_usage[] =
@@ -33,13 +51,18 @@ static const char stats_usage[] =
     "       kwarm stats [--socket PATH] [--json]   (ask kwarmd)\n"
     "\n"
     "Prints the cache's entries, bytes, size limit, hits, misses, compiles,\n"
-    "compile failures, evictions and corrupt entries found.\n"
+    "compile failures, evictions, corrupt entries found, pinned entries and\n"
+    "bytes, and whether it is read-only.  A cache this user cannot write is\n"
+    "read read-only.\n"
     "\n"
+    "  --cache DIR                the cache directory\n"
+    "  --socket PATH              ask kwarmd on PATH instead\n"
     "  --json                     one JSON object with those fields\n"
     "  -h, --help                 this text\n";
 
 typedef struct get_opts {
     const char *digest, *family, *fields, *arch, *cache, *out;
+    bool no_compile;
 } get_opts;
 
 /* Sets field `name` of k from text v (an integer, or true/false for a
@@ -109,22 +132,84 @@ static int key_from_flags(const get_opts *o, kw_keys_key *k)
 }
 
 
-/* Opens an existing cache directory for cmd; prints the error and
- * returns an exit code on failure. */
-static int open_existing(const char *cmd, const char *dir, bool read_only,
-                         kw_cache **c)
+int kw__cli_cache_open(const char *cmd, const char *dir, kw__cli_access how,
+                       kw_cache **c)
 {
-    kw_cache_opts co = {.dir = dir, .read_only = read_only};
+    kw_cache_opts co = {.dir = dir, .read_only = how == KW_CLI_READ,
+                        .auto_read_only = how == KW_CLI_READ_WRITE};
     char err[512];
     if (access(dir, F_OK) < 0) {
         kw__cli_err(cmd, "--cache: %s: %s", dir, strerror(errno));
         return KW_CLI_USAGE;
     }
-    if (kw_cache_open(c, &co, err, sizeof err) < 0) {
+    int rc = kw_cache_open(c, &co, err, sizeof err);
+    if (rc < 0) {
         kw__cli_err(cmd, "--cache: %s", err);
         return KW_CLI_RUNTIME;
     }
     return KW_CLI_OK;
+}
+
+/* Prints the candidates of an ambiguous prefix, one per line, after the
+ * error line (kw__cli_err keeps a message on one line). */
+static void print_candidates(const char *cmd, const char *hex, char *list)
+{
+    size_t n = 0;
+    for (const char *p = list; *p != '\0'; p++)
+        n += *p == '\n';
+    n += list[0] != '\0' && list[strlen(list) - 1] != '\n';
+    kw__cli_err(cmd, "--digest %.64s: ambiguous prefix, %zu%s cached digests "
+                "start with it:", hex, n, n >= 8 ? " or more" : "");
+    for (char *save = NULL, *d = strtok_r(list, "\n", &save); d != NULL;
+         d = strtok_r(NULL, "\n", &save))
+        fprintf(stderr, "  %s\n", d);
+}
+
+int kw__cli_digest_resolve(const char *cmd, kw_cache *c, const char *hex,
+                           uint8_t out[KW_CACHE_DIGEST_LEN])
+{
+    size_t n = strlen(hex), got = 0;
+    if (n == 2 * KW_CACHE_DIGEST_LEN &&
+        sodium_hex2bin(out, KW_CACHE_DIGEST_LEN, hex, n, NULL, &got, NULL) == 0 &&
+        got == KW_CACHE_DIGEST_LEN)
+        return -1;
+    char cand[8 * KW_CACHE_HEX_LEN + 1] = "";
+    int rc = c != NULL ? kw_cache_find_prefix(c, hex, out, cand, sizeof cand)
+                       : KW_EINVAL;
+    switch (rc) {
+    case 0:
+        return -1;
+    case KW_EAMBIGUOUS:
+        print_candidates(cmd, hex, cand);
+        return KW_CLI_USAGE;
+    case KW_ENOTFOUND:
+        kw__cli_err(cmd, "--digest %.64s: no cached digest starts with it", hex);
+        return KW_CLI_RUNTIME;
+    case KW_EINVAL:
+        kw__cli_err(cmd, "--digest: '%.72s' is not %d to 64 hex digits", hex,
+                    KW_CACHE_PREFIX_MIN);
+        return KW_CLI_USAGE;
+    default:
+        kw__cli_err(cmd, "--digest %.64s: %s: %s", hex, kw_strerror(rc),
+                    kw_cache_last_error(c));
+        return KW_CLI_RUNTIME;
+    }
+}
+
+bool kw__cli_has_flag(int argc, char **argv, const char *flag)
+{
+    for (int i = 1; i < argc; i++)
+        if (kw__cli_is(argv[i], flag))
+            return true;
+    return false;
+}
+
+bool kw__cli_wants_help(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0)
+            return true;
+    return false;
 }
 
 /* Parses get's flags into o; returns -1 to go on, else an exit code. */
@@ -137,9 +222,9 @@ static int get_parse(get_opts *o, int argc, char **argv)
                  {"--fields", &o->fields}, {"--arch", &o->arch},
                  {"--cache", &o->cache},   {"-o", &o->out}};
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
-            fputs(get_usage, stdout);
-            return KW_CLI_OK;
+        if (strcmp(argv[i], "--no-compile") == 0) {
+            o->no_compile = true;
+            continue;
         }
         size_t f = 0;
         while (f < sizeof flags / sizeof *flags && !kw__cli_is(argv[i], flags[f].flag))
@@ -163,76 +248,122 @@ static int get_parse(get_opts *o, int argc, char **argv)
     return kw__cli_output_check("get", o->out);
 }
 
-/* Fetches digest from the cache into o->out. */
-static int get_fetch(const get_opts *o, const uint8_t *digest)
+/* Compiles key k after a miss, stores it in c and writes it to -o.  An
+ * exit code. */
+static int get_compile(const get_opts *o, kw_cache *c, const kw_keys_key *k)
 {
-    kw_cache *c = NULL;
+    kw_jit_result res;
+    int rc = kw_keys_compile(k, false, &res);
+    kw_cache_count(c, rc == 0 ? KW_CACHE_COMPILES : KW_CACHE_COMPILE_FAILURES, 1);
+    if (rc < 0) {
+        kw__cli_err("get", "%s %s: %s%s%s", o->family, o->arch,
+                    kw_strerror(rc), res.log ? ": " : "", res.log ? res.log : "");
+        kw_jit_result_destroy(&res);
+        return KW_CLI_RUNTIME;
+    }
+    kw_cache_info info = {.nfields = (uint32_t)kw_keys_nfields(k->family),
+                          .compile_seconds = res.seconds};
+    int major = 0, minor = 0;
+    kw_jit_version(&major, &minor);
+    snprintf(info.family, sizeof info.family, "%s", kw_keys_family_name(k->family));
+    snprintf(info.arch, sizeof info.arch, "%s", k->arch);
+    snprintf(info.entry, sizeof info.entry, "%s", res.lowered_name ? res.lowered_name : "");
+    snprintf(info.nvrtc, sizeof info.nvrtc, "%d.%d", major, minor);
+    memcpy(info.fields, k->fields, info.nfields * sizeof k->fields[0]);
+    rc = kw_cache_put(c, k->digest, &info, res.cubin, res.cubin_len, false, NULL);
+    if (rc < 0) /* the cubin is still good: write it, say why it is not kept */
+        kw__cli_err("get", "compiled, but not stored in %s: %s: %s", o->cache,
+                    kw_strerror(rc), kw_cache_last_error(c));
+    else
+        fprintf(stderr, "kwarm get: not cached: compiled in %.2f s and stored "
+                "in %s\n", res.seconds, o->cache);
+    rc = kw__cli_put_cubin("get", o->out, res.cubin, res.cubin_len, info.family,
+                           info.arch, info.entry);
+    kw_jit_result_destroy(&res);
+    return rc;
+}
+
+/* Says why a miss is not compiled; returns the exit code (1). */
+static int get_miss(const get_opts *o, kw_cache *c, const char *hex)
+{
+    if (o->digest != NULL)
+        kw__cli_err("get", "%.16s: not cached in %s; a digest cannot be "
+                    "compiled: give the key as --family, --fields and --arch "
+                    "(kwarm keys --json lists them), or run kwarm prewarm",
+                    hex, o->cache);
+    else
+        kw__cli_err("get", "%s %.16s: not cached in %s%s", o->family, hex,
+                    o->cache, kw_cache_is_read_only(c) ? " (read-only cache)"
+                                                       : " (--no-compile)");
+    return KW_CLI_RUNTIME;
+}
+
+/* Fetches key k (digest set) from the open cache into o->out, compiling
+ * a miss of a key given by fields when it may. */
+static int get_fetch(const get_opts *o, kw_cache *c, const kw_keys_key *k)
+{
     kw_cache_info info;
     void *blob = NULL;
     size_t len = 0;
     char hex[KW_KEYS_HEX_LEN];
-    kw_keys_hex(digest, hex);
-    int rc = open_existing("get", o->cache, false, &c);
-    if (rc != KW_CLI_OK)
-        return rc;
-    rc = kw_cache_get(c, digest, &blob, &len, &info);
+    kw_keys_hex(k->digest, hex);
+    int rc = kw_cache_get(c, k->digest, &blob, &len, &info);
     if (rc == 0)
         rc = kw__cli_put_cubin("get", o->out, blob, len, info.family,
                                info.arch, info.entry);
+    else if ((rc == KW_ENOTFOUND || rc == KW_ECORRUPT) && o->digest == NULL &&
+             !o->no_compile && !kw_cache_is_read_only(c))
+        rc = get_compile(o, c, k);
+    else if (rc == KW_ENOTFOUND)
+        rc = get_miss(o, c, hex);
     else {
-        kw__cli_err("get", "%s: %s in %s", hex, rc == KW_ENOTFOUND ?
-                    "not cached" : kw_strerror(rc), o->cache);
+        kw__cli_err("get", "%.16s: %s in %s", hex, kw_strerror(rc), o->cache);
         rc = KW_CLI_RUNTIME;
     }
     free(blob);
-    kw_cache_close(c);
     return rc;
-}
-
-/* True when argv names a cache directory: the command then works on it
- * directly, else it asks kwarmd over the socket. */
-static bool has_cache_flag(int argc, char **argv)
-{
-    for (int i = 1; i < argc; i++)
-        if (kw__cli_is(argv[i], "--cache"))
-            return true;
-    return false;
 }
 
 int kw__cli_get(int argc, char **argv)
 {
     get_opts o = {0};
-    if (!has_cache_flag(argc, argv) && !(argc == 2 && (strcmp(argv[1], "-h") == 0 ||
-                                                        strcmp(argv[1], "--help") == 0)))
+    bool help = kw__cli_wants_help(argc, argv);
+    if (help && !kw__cli_has_flag(argc, argv, "--socket")) {
+        fputs(get_usage, stdout);
+        return KW_CLI_OK;
+    }
+    if (!kw__cli_has_flag(argc, argv, "--cache"))
         return kw__cli_get_socket(argc, argv);
     kw_keys_key k;
+    kw_cache *c = NULL;
     int rc = get_parse(&o, argc, argv);
     if (rc >= 0)
         return rc;
-    if (o.digest != NULL) {
-        size_t n = 0;
-        if (strlen(o.digest) != 2 * KW_KEYS_DIGEST_LEN ||
-            sodium_hex2bin(k.digest, sizeof k.digest, o.digest,
-                           strlen(o.digest), NULL, &n, NULL) != 0 ||
-            n != KW_KEYS_DIGEST_LEN) {
-            kw__cli_err("get", "--digest: not 64 hex digits");
-            return KW_CLI_USAGE;
-        }
-    } else if (key_from_flags(&o, &k) < 0)
+    if (o.digest == NULL && key_from_flags(&o, &k) < 0)
         return KW_CLI_USAGE;
-    return get_fetch(&o, k.digest);
+    if (o.digest != NULL && strspn(o.digest, "0123456789abcdefABCDEF") !=
+                                strlen(o.digest))
+        return kw__cli_digest_resolve("get", NULL, o.digest, k.digest);
+    if ((rc = kw__cli_cache_open("get", o.cache, KW_CLI_READ_WRITE, &c)) != KW_CLI_OK)
+        return rc;
+    if (o.digest == NULL ||
+        (rc = kw__cli_digest_resolve("get", c, o.digest, k.digest)) < 0)
+        rc = get_fetch(&o, c, &k);
+    kw_cache_close(c);
+    return rc;
 }
 
 void kw__cli_print_stats(const kw_cache_stats *st, const char *dir, bool json)
 {
     const char *names[] = {"entries", "bytes", "max_size", "hits", "misses",
                            "compiles", "compile_failures", "evictions",
-                           "corrupt"};
+                           "corrupt", "pinned_entries", "pinned_bytes"};
     uint64_t v[] = {st->entries, st->bytes, st->max_size, st->hits,
                     st->misses, st->compiles, st->compile_failures,
-                    st->evictions, st->corrupt};
+                    st->evictions, st->corrupt, st->pinned_entries,
+                    st->pinned_bytes};
     if (!json)
-        printf("cache %s\n", dir);
+        printf("cache %s%s\n", dir, st->read_only ? " (read-only)" : "");
     for (size_t i = 0; i < sizeof v / sizeof *v; i++) {
         if (json)
             printf("%s\"%s\": %llu", i ? ", " : "{", names[i],
@@ -241,21 +372,23 @@ void kw__cli_print_stats(const kw_cache_stats *st, const char *dir, bool json)
             printf("  %-17s %llu\n", names[i], (unsigned long long)v[i]);
     }
     if (json)
-        printf("}\n");
+        printf(", \"read_only\": %s}\n", st->read_only ? "true" : "false");
+    else
+        printf("  %-17s %s\n", "read_only", st->read_only ? "true" : "false");
 }
 
 int kw__cli_stats(int argc, char **argv)
 {
     const char *dir = NULL;
-    if (!has_cache_flag(argc, argv) && !(argc == 2 && (strcmp(argv[1], "-h") == 0 ||
-                                                        strcmp(argv[1], "--help") == 0)))
+    if (kw__cli_wants_help(argc, argv) && !kw__cli_has_flag(argc, argv, "--socket")) {
+        fputs(stats_usage, stdout);
+        return KW_CLI_OK;
+    }
+    if (!kw__cli_has_flag(argc, argv, "--cache"))
         return kw__cli_stats_socket(argc, argv);
     bool json = false;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
-            fputs(stats_usage, stdout);
-            return KW_CLI_OK;
-        } else if (strcmp(argv[i], "--json") == 0)
+        if (strcmp(argv[i], "--json") == 0)
             json = true;
         else if (kw__cli_is(argv[i], "--cache")) {
             if ((dir = kw__cli_value("stats", argc, argv, &i)) == NULL)
@@ -266,13 +399,9 @@ int kw__cli_stats(int argc, char **argv)
             return KW_CLI_USAGE;
         }
     }
-    if (dir == NULL) {
-        kw__cli_err("stats", "--cache: required (see kwarm stats --help)");
-        return KW_CLI_USAGE;
-    }
     kw_cache *c = NULL;
     kw_cache_stats st;
-    int rc = open_existing("stats", dir, true, &c);
+    int rc = kw__cli_cache_open("stats", dir, KW_CLI_READ, &c);
     if (rc != KW_CLI_OK)
         return rc;
     rc = kw_cache_stats_get(c, &st);

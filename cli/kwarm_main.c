@@ -13,8 +13,13 @@ typedef struct command {
 static const command commands[] = {
     {"keys", kw__cli_keys, "print the compile keys of a model and deployment"},
     {"prewarm", kw__cli_prewarm, "compile every missing key into a cache directory"},
-    {"get", kw__cli_get, "write one cached cubin to a file"},
+    {"get", kw__cli_get, "write one cubin to a file (compiling a miss by key)"},
     {"stats", kw__cli_stats, "print a cache's statistics"},
+    {"ls", kw__cli_ls, "list a cache's entries"},
+    {"evict", kw__cli_evict, "remove entries from a cache"},
+    {"pins", kw__cli_pins, "list a cache's named pin sets"},
+    {"unpin", kw__cli_unpin, "delete a named pin set"},
+    {"resize", kw__cli_resize, "change a cache's stored size limit"},
     {"warmup", kw__cli_warmup, "ask a running kwarmd to compile every missing key"},
     {"ping", kw__cli_ping, "check that kwarmd answers, and print its version"},
     {"verify", kw__cli_verify, "run every key's kernel against its CPU reference (GPU)"},
@@ -29,7 +34,10 @@ static void usage(FILE *out)
                  "Commands:\n");
     for (size_t i = 0; i < NCOMMANDS; i++)
         fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
-    fprintf(out, "\nExit status: 0 ok, 1 runtime failure, 2 bad input.\n");
+    fprintf(out, "\nOptions:\n"
+                 "  --version  print kwarm's version\n"
+                 "  -h, --help this text\n"
+                 "\nExit status: 0 ok, 1 runtime failure, 2 bad input.\n");
 }
 
 int main(int argc, char **argv)

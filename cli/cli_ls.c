@@ -1,0 +1,428 @@
+/* cli_ls.c: `kwarm ls` and `kwarm evict` on a cache directory.
+ *
+ * Both walk the cache into the JSON document a kwarmd request of the same
+ * name would reply with, one object per entry:
+ *   {"digest", "family", "arch", "fields": {name: value, ...}, "size",
+ *    "created", "last_used", "hits", "pinned", "pins": [NAME, ...]}
+ * and print it (--json: as it is).  Field names come from the key
+ * registry (jit/); an entry of a family this build does not know keeps
+ * its values as an array.
+ */
+#include "cli.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cjson/cJSON.h>
+
+#include "kw_cache.h"
+#include "kw_err.h"
+#include "kw_parse.h"
+
+/* Which entries a walk keeps; every given criterion must hold. */
+typedef struct filter {
+    const char *family;   /* --family */
+    const char *pin_name; /* --pinned NAME */
+    const uint8_t *digest; /* --digest, resolved */
+    bool unpinned;        /* --unpinned */
+    uint64_t before;      /* --older-than: last used at or before this */
+} filter;
+
+typedef struct walk {
+    const filter *f;
+    kw_cache *c;
+    cJSON *entries; /* array being filled */
+    uint64_t bytes;
+    int rc;
+} walk;
+
+/* Adds info's fields to e, by name when the family is known. */
+static void add_fields(cJSON *e, const kw_cache_info *info)
+{
+    kw_k_family fam;
+    bool known = kw_keys_family_from_name(info->family, &fam) == 0 &&
+                 kw_keys_nfields(fam) == info->nfields;
+    cJSON *f = known ? cJSON_AddObjectToObject(e, "fields")
+                     : cJSON_AddArrayToObject(e, "fields");
+    for (uint32_t i = 0; f != NULL && i < info->nfields; i++) {
+        cJSON *v = known && kw_keys_field_is_bool(fam, i)
+                       ? cJSON_CreateBool(info->fields[i] != 0)
+                       : cJSON_CreateNumber((double)info->fields[i]);
+        if (known)
+            cJSON_AddItemToObject(f, kw_keys_field_name(fam, i), v);
+        else
+            cJSON_AddItemToArray(f, v);
+    }
+}
+
+/* Splits the comma-separated pin names into an array "pins" of e. */
+static void add_pins(cJSON *e, char *names)
+{
+    cJSON *arr = cJSON_AddArrayToObject(e, "pins");
+    for (char *save = NULL, *n = strtok_r(names, ",", &save); arr && n;
+         n = strtok_r(NULL, ",", &save))
+        cJSON_AddItemToArray(arr, cJSON_CreateString(n));
+}
+
+/* True when the comma-separated list names holds name. */
+static bool names_hold(const char *names, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = names; *p != '\0';) {
+        size_t len = strcspn(p, ",");
+        if (len == n && strncmp(p, name, n) == 0)
+            return true;
+        p += len + (p[len] == ',');
+    }
+    return false;
+}
+
+static bool keep(const filter *f, const uint8_t *digest,
+                 const kw_cache_info *info, const char *names)
+{
+    uint64_t used = info->last_used ? info->last_used : info->created;
+    return (f->family == NULL || strcmp(f->family, info->family) == 0) &&
+           (f->pin_name == NULL || names_hold(names, f->pin_name)) &&
+           (f->digest == NULL ||
+            memcmp(f->digest, digest, KW_CACHE_DIGEST_LEN) == 0) &&
+           (!f->unpinned || !info->pinned) &&
+           (f->before == 0 || used <= f->before);
+}
+
+static int visit(const uint8_t digest[KW_CACHE_DIGEST_LEN],
+                 const kw_cache_info *info, void *arg)
+{
+    walk *w = arg;
+    char names[1024] = "", hex[KW_KEYS_HEX_LEN];
+    int rc = kw_cache_pin_names(w->c, digest, names, sizeof names, NULL);
+    if (rc < 0 && rc != KW_ENOSPC)
+        return w->rc = rc;
+    if (!keep(w->f, digest, info, names))
+        return 0;
+    cJSON *e = cJSON_CreateObject();
+    if (e == NULL || !cJSON_AddItemToArray(w->entries, e)) {
+        cJSON_Delete(e);
+        return w->rc = KW_ENOMEM;
+    }
+    kw_keys_hex(digest, hex);
+    cJSON_AddStringToObject(e, "digest", hex);
+    cJSON_AddStringToObject(e, "family", info->family);
+    cJSON_AddStringToObject(e, "arch", info->arch);
+    add_fields(e, info);
+    cJSON_AddNumberToObject(e, "size", (double)info->size);
+    cJSON_AddNumberToObject(e, "created", (double)info->created);
+    cJSON_AddNumberToObject(e, "last_used", (double)info->last_used);
+    cJSON_AddNumberToObject(e, "hits", (double)info->hits);
+    cJSON_AddBoolToObject(e, "pinned", info->pinned);
+    add_pins(e, names);
+    w->bytes += info->size;
+    return 0;
+}
+
+/* Walks c into {"entries": [...], "count", "bytes"} (a new document). */
+static int list_doc(kw_cache *c, const filter *f, cJSON **out)
+{
+    walk w = {.f = f, .c = c};
+    cJSON *doc = cJSON_CreateObject();
+    w.entries = cJSON_AddArrayToObject(doc, "entries");
+    int rc = w.entries ? kw_cache_foreach(c, visit, &w) : KW_ENOMEM;
+    if (rc >= 0 && w.rc < 0)
+        rc = w.rc;
+    if (rc < 0) {
+        cJSON_Delete(doc);
+        return rc;
+    }
+    cJSON_AddNumberToObject(doc, "count", cJSON_GetArraySize(w.entries));
+    cJSON_AddNumberToObject(doc, "bytes", (double)w.bytes);
+    *out = doc;
+    return 0;
+}
+
+/* "name=value,..." of an entry's fields into buf. */
+static void fields_text(const cJSON *fields, char *buf, size_t cap)
+{
+    size_t used = 0;
+    const cJSON *v;
+    buf[0] = '\0';
+    cJSON_ArrayForEach(v, fields) {
+        char val[32];
+        if (cJSON_IsBool(v))
+            snprintf(val, sizeof val, "%s", cJSON_IsTrue(v) ? "true" : "false");
+        else
+            snprintf(val, sizeof val, "%.0f", v->valuedouble);
+        int n = snprintf(buf + used, cap - used, "%s%s%s%s", used ? "," : "",
+                         v->string ? v->string : "", v->string ? "=" : "", val);
+        if (n < 0 || (size_t)n >= cap - used)
+            break;
+        used += (size_t)n;
+    }
+}
+
+/* One entry as a table row. */
+static void print_row(const cJSON *e)
+{
+    const cJSON *dg = cJSON_GetObjectItemCaseSensitive(e, "digest");
+    const cJSON *fam = cJSON_GetObjectItemCaseSensitive(e, "family");
+    const cJSON *arch = cJSON_GetObjectItemCaseSensitive(e, "arch");
+    const cJSON *pins = cJSON_GetObjectItemCaseSensitive(e, "pins"), *p;
+    char size[16], created[32], used[32], names[256] = "", fields[512];
+    kw__cli_size(kw__cli_u64(e, "size"), size, sizeof size);
+    kw__cli_time(kw__cli_u64(e, "created"), created, sizeof created);
+    kw__cli_time(kw__cli_u64(e, "last_used"), used, sizeof used);
+    cJSON_ArrayForEach(p, pins) {
+        size_t n = strlen(names);
+        if (cJSON_IsString(p))
+            snprintf(names + n, sizeof names - n, "%s%s", n ? "," : "",
+                     p->valuestring);
+    }
+    if (names[0] == '\0')
+        snprintf(names, sizeof names, "%s",
+                 cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(e, "pinned"))
+                     ? "(pinned)" : "-");
+    fields_text(cJSON_GetObjectItemCaseSensitive(e, "fields"), fields,
+                sizeof fields);
+    printf("%.16s  %-26s %-8s %7s  %-16s  %-16s %6" PRIu64 "  %-12s %s\n",
+           cJSON_IsString(dg) ? dg->valuestring : "?",
+           cJSON_IsString(fam) ? fam->valuestring : "?",
+           cJSON_IsString(arch) ? arch->valuestring : "?", size, created,
+           used, kw__cli_u64(e, "hits"), names, fields);
+}
+
+void kw__cli_print_ls(const cJSON *doc, bool json)
+{
+    if (json) {
+        kw__cli_print_json(doc);
+        return;
+    }
+    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(doc, "entries"), *e;
+    char size[16];
+    if (cJSON_GetArraySize(arr) > 0)
+        printf("%-16s  %-26s %-8s %7s  %-16s  %-16s %6s  %-12s %s\n", "DIGEST",
+               "FAMILY", "ARCH", "SIZE", "CREATED", "LAST USED", "HITS",
+               "PINS", "FIELDS");
+    cJSON_ArrayForEach(e, arr)
+        print_row(e);
+    kw__cli_size(kw__cli_u64(doc, "bytes"), size, sizeof size);
+    printf("%" PRIu64 " entries, %s\n", kw__cli_u64(doc, "count"), size);
+}
+
+/* ---- ls ------------------------------------------------------------------ */
+
+static const char ls_usage[] =
+    "usage: kwarm ls --cache DIR [--family F] [--pinned NAME] [--json]\n"
+    "\n"
+    "Lists the cache's entries: digest (16 of 64 hex digits), family, arch,\n"
+    "size, created, last used, hits, the pin sets holding it, and the key's\n"
+    "fields.  Works on a cache this user cannot write.  Last-used times and\n"
+    "hits are those last written to the cache.\n"
+    "\n"
+    "  --cache DIR                the cache directory\n"
+    "  --socket PATH              ask kwarmd (not yet supported)\n"
+    "  --family F                 only entries of family F\n"
+    "  --pinned NAME              only entries held by the pin set NAME\n"
+    "  --json                     {\"entries\": [{\"digest\", \"family\", \"arch\",\n"
+    "                             \"fields\", \"size\", \"created\", \"last_used\",\n"
+    "                             \"hits\", \"pinned\", \"pins\"}], \"count\",\n"
+    "                             \"bytes\"}; times in Unix seconds\n"
+    "  -h, --help                 this text\n";
+
+int kw__cli_ls(int argc, char **argv)
+{
+    const char *dir = NULL, *sock = NULL;
+    filter f = {0};
+    bool json = false;
+    const kw__cli_opt opts[] = {
+        {"--cache", &dir, NULL},         {"--socket", &sock, NULL},
+        {"--family", &f.family, NULL},   {"--pinned", &f.pin_name, NULL},
+        {"--json", NULL, &json}};
+    int rc = kw__cli_parse("ls", argc, argv, opts, 5, NULL, ls_usage);
+    if (rc >= 0)
+        return rc;
+    kw_k_family fam;
+    if (f.family != NULL && kw_keys_family_from_name(f.family, &fam) < 0) {
+        kw__cli_err("ls", "--family: '%.48s' is not a kernel family", f.family);
+        return KW_CLI_USAGE;
+    }
+    if (dir == NULL || sock != NULL)
+        return kw__cli_no_socket("ls");
+    kw_cache *c = NULL;
+    cJSON *doc = NULL;
+    if ((rc = kw__cli_cache_open("ls", dir, KW_CLI_READ, &c)) != KW_CLI_OK)
+        return rc;
+    if ((rc = list_doc(c, &f, &doc)) < 0)
+        kw__cli_err("ls", "%s: %s", dir, kw_strerror(rc));
+    else
+        kw__cli_print_ls(doc, json);
+    cJSON_Delete(doc);
+    kw_cache_close(c);
+    return rc < 0 ? KW_CLI_RUNTIME : KW_CLI_OK;
+}
+
+/* ---- evict --------------------------------------------------------------- */
+
+static const char evict_usage[] =
+    "usage: kwarm evict --cache DIR (--digest HEX | --family F | --unpinned |\n"
+    "                   --older-than AGE)... [--force] [--json]\n"
+    "\n"
+    "Removes the entries that match every criterion given, and prints each.\n"
+    "When a matching entry is pinned (by kwarm prewarm --pin, or a pin set),\n"
+    "nothing is removed and the exit status is 1, unless --force.\n"
+    "\n"
+    "  --cache DIR                the cache directory\n"
+    "  --socket PATH              ask kwarmd (not yet supported)\n"
+    "  --digest HEX               one entry: 64 hex digits or a unique prefix\n"
+    "                             of at least 8 (ambiguous: exit 2)\n"
+    "  --family F                 entries of family F\n"
+    "  --unpinned                 entries no pin holds\n"
+    "  --older-than AGE           entries not used for AGE: a number with s, m,\n"
+    "                             h, d or w (7d); as of the last recorded use\n"
+    "  --force                    remove pinned entries too\n"
+    "  --json                     {\"removed\": [entries as kwarm ls --json],\n"
+    "                             \"count\", \"bytes\"}\n"
+    "  -h, --help                 this text\n";
+
+/* Parses "7d" and friends into seconds; -1 when it is not an age. */
+static int64_t parse_age(const char *s)
+{
+    static const struct {
+        char unit;
+        int64_t secs;
+    } units[] = {{'s', 1}, {'m', 60}, {'h', 3600}, {'d', 86400}, {'w', 604800}};
+    size_t n = strlen(s);
+    char num[24];
+    int64_t v;
+    if (n < 2 || n >= sizeof num)
+        return -1;
+    memcpy(num, s, n - 1);
+    num[n - 1] = '\0';
+    for (size_t i = 0; i < sizeof units / sizeof *units; i++)
+        if (s[n - 1] == units[i].unit &&
+            kw_parse_i64(num, 0, INT64_MAX / units[i].secs, &v) == 0)
+            return v * units[i].secs;
+    return -1;
+}
+
+/* Removes every entry of doc's array from c; refuses pinned ones without
+ * force.  Returns an exit code. */
+static int evict_entries(kw_cache *c, cJSON *doc, bool force, const char *dir)
+{
+    cJSON *arr = cJSON_GetObjectItemCaseSensitive(doc, "entries"), *e;
+    size_t pinned = 0;
+    cJSON_ArrayForEach(e, arr)
+        pinned += cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(e, "pinned"));
+    if (pinned > 0 && !force) {
+        kw__cli_err("evict", "%zu of the %d matching entries %s pinned; nothing "
+                    "removed (--unpinned leaves them out, --force removes them "
+                    "too, kwarm pins lists the sets)", pinned,
+                    cJSON_GetArraySize(arr), pinned == 1 ? "is" : "are");
+        return KW_CLI_RUNTIME;
+    }
+    cJSON_ArrayForEach(e, arr) {
+        const char *hex = cJSON_GetObjectItemCaseSensitive(e, "digest")->valuestring;
+        uint8_t digest[KW_CACHE_DIGEST_LEN];
+        kw__cli_digest_resolve("evict", NULL, hex, digest);
+        int rc = kw_cache_remove(c, digest);
+        if (rc < 0 && rc != KW_ENOTFOUND) {
+            kw__cli_err("evict", "%.16s: %s: %s (in %s)", hex, kw_strerror(rc),
+                        kw_cache_last_error(c), dir);
+            return KW_CLI_RUNTIME;
+        }
+    }
+    cJSON_AddItemReferenceToObject(doc, "removed", arr);
+    return KW_CLI_OK;
+}
+
+void kw__cli_print_evict(const cJSON *doc, bool json)
+{
+    if (json) {
+        cJSON *out = cJSON_CreateObject();
+        cJSON_AddItemReferenceToObject(out, "removed",
+            cJSON_GetObjectItemCaseSensitive(doc, "removed"));
+        cJSON_AddNumberToObject(out, "count", (double)kw__cli_u64(doc, "count"));
+        cJSON_AddNumberToObject(out, "bytes", (double)kw__cli_u64(doc, "bytes"));
+        kw__cli_print_json(out);
+        cJSON_Delete(out);
+        return;
+    }
+    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(doc, "removed"), *e;
+    cJSON_ArrayForEach(e, arr) {
+        const cJSON *dg = cJSON_GetObjectItemCaseSensitive(e, "digest");
+        const cJSON *fam = cJSON_GetObjectItemCaseSensitive(e, "family");
+        const cJSON *arch = cJSON_GetObjectItemCaseSensitive(e, "arch");
+        printf("removed %.16s %s %s, %" PRIu64 " bytes\n", dg->valuestring,
+               cJSON_IsString(fam) ? fam->valuestring : "?",
+               cJSON_IsString(arch) ? arch->valuestring : "?",
+               kw__cli_u64(e, "size"));
+    }
+    printf("evicted %" PRIu64 " entries, %" PRIu64 " bytes\n",
+           kw__cli_u64(doc, "count"), kw__cli_u64(doc, "bytes"));
+}
+
+typedef struct evict_opts {
+    const char *dir, *sock, *digest, *age;
+    bool force, json;
+    filter f;
+} evict_opts;
+
+/* Parses evict's arguments; -1 to go on, else an exit code. */
+static int evict_parse(evict_opts *o, int argc, char **argv)
+{
+    const kw__cli_opt opts[] = {
+        {"--cache", &o->dir, NULL},        {"--socket", &o->sock, NULL},
+        {"--digest", &o->digest, NULL},    {"--family", &o->f.family, NULL},
+        {"--older-than", &o->age, NULL},   {"--unpinned", NULL, &o->f.unpinned},
+        {"--force", NULL, &o->force},      {"--json", NULL, &o->json}};
+    int rc = kw__cli_parse("evict", argc, argv, opts, 8, NULL, evict_usage);
+    if (rc >= 0)
+        return rc;
+    kw_k_family fam;
+    int64_t age = o->age ? parse_age(o->age) : 0;
+    if (!o->digest && !o->f.family && !o->f.unpinned && !o->age)
+        kw__cli_err("evict", "one of --digest, --family, --unpinned or "
+                    "--older-than is required (see kwarm evict --help)");
+    else if (o->f.family && kw_keys_family_from_name(o->f.family, &fam) < 0)
+        kw__cli_err("evict", "--family: '%.48s' is not a kernel family",
+                    o->f.family);
+    else if (age < 0)
+        kw__cli_err("evict", "--older-than: '%.32s' is not an age (a number "
+                    "with s, m, h, d or w: 7d)", o->age);
+    else {
+        if (o->age != NULL)
+            o->f.before = (uint64_t)time(NULL) - (uint64_t)age;
+        return o->dir == NULL || o->sock != NULL ? kw__cli_no_socket("evict")
+                                                 : -1;
+    }
+    return KW_CLI_USAGE;
+}
+
+int kw__cli_evict(int argc, char **argv)
+{
+    evict_opts o = {0};
+    int rc = evict_parse(&o, argc, argv);
+    if (rc >= 0)
+        return rc;
+    kw_cache *c = NULL;
+    cJSON *doc = NULL;
+    uint8_t digest[KW_CACHE_DIGEST_LEN];
+    if ((rc = kw__cli_cache_open("evict", o.dir, KW_CLI_WRITE, &c)) != KW_CLI_OK)
+        return rc;
+    if (o.digest != NULL &&
+        (rc = kw__cli_digest_resolve("evict", c, o.digest, digest)) >= 0)
+        goto out;
+    o.f.digest = o.digest ? digest : NULL;
+    if ((rc = list_doc(c, &o.f, &doc)) < 0) {
+        kw__cli_err("evict", "%s: %s", o.dir, kw_strerror(rc));
+        rc = KW_CLI_RUNTIME;
+    } else if (o.digest != NULL && kw__cli_u64(doc, "count") == 0) {
+        kw__cli_err("evict", "--digest %.64s: not cached in %s", o.digest, o.dir);
+        rc = KW_CLI_RUNTIME;
+    } else if ((rc = evict_entries(c, doc, o.force, o.dir)) == KW_CLI_OK)
+        kw__cli_print_evict(doc, o.json);
+out:
+    cJSON_Delete(doc);
+    kw_cache_close(c);
+    return rc;
+}
