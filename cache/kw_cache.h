@@ -137,9 +137,11 @@ bool kw_cache_is_read_only(const kw_cache *c);
 
 /* Stores a new size limit in the cache (every handle, in every process,
  * uses it from its next write) and, when the cache is now over it, evicts
- * LRU entries that are neither pinned nor protected.  A limit above what
- * this handle mapped at open takes full effect here once the map's
- * headroom (at least 4x the limit at open) is used; reopening maps more.
+ * LRU entries that are neither pinned nor protected.  Lowering takes
+ * effect at once everywhere.  Raising it past what a handle mapped at open
+ * (about twice its limit then) is fully used by that handle only after it
+ * is reopened: until then it evicts when its map fills, before the new
+ * limit is reached.  (Moving a live map would need every reader stopped.)
  * Returns 0; KW_EINVAL (outside [KW_CACHE_MIN_SIZE, KW_CACHE_MAX_SIZE]);
  * KW_ENOSPC when pinned and protected entries alone exceed max_size
  * (nothing changes; kw_cache_last_error() says how many bytes they hold);
