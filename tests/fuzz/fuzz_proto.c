@@ -5,8 +5,9 @@
  * bytes) and kw_proto_parse_reply() (what the client library runs on the
  * daemon's bytes), each on an exact-size heap copy so ASan sees any read
  * past the end.  Every accepted frame must be consistent: *used within the
- * buffer, a JSON object header, a payload inside the frame, the frame less
- * its last byte a valid prefix, and its re-encoding a frame that parses.
+ * buffer, a JSON object header that kw_json_check_tree() accepts, a
+ * payload inside the frame, the frame less its last byte a valid prefix,
+ * and its re-encoding a frame that parses.
  */
 #include "kw_proto.h"
 
@@ -17,6 +18,7 @@
 #include <cjson/cJSON.h>
 
 #include "kw_err.h"
+#include "kw_json.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -60,6 +62,9 @@ static void parse_stream(parse_fn parse, const uint8_t *buf, size_t len)
         }
         CHECK(used >= KW_PROTO_HEAD_LEN && used <= len - off);
         CHECK(cJSON_IsObject(m.header));
+        /* The tree rules of the one JSON reader hold for every accepted
+         * header: unique names, finite numbers, bounded depth. */
+        CHECK(kw_json_check_tree(m.header, KW_PROTO_MAX_DEPTH, NULL, 0) == 0);
         CHECK(m.payload_len == 0 ||
               (m.payload >= buf + off &&
                m.payload + m.payload_len <= buf + off + used));
