@@ -101,10 +101,11 @@ int kw__config_read_file(const char *path, char **buf, size_t *len, char *err,
     return rc;
 }
 
-/* How deep a config or deployment may nest.  Real configs nest a few
- * levels; this leaves room for odd wrappers and stays well under cJSON's
- * own recursion limit of 1000. */
-#define CONFIG_MAX_DEPTH 512u
+/* How deep a config or deployment may nest, the root being 1.  Real
+ * configs nest a few levels.  Both travel one level down in a kwarmd
+ * request header, whose cap is KW_PROTO_MAX_DEPTH (32), so a file that
+ * kwarm keys accepts is never refused by kwarm warmup for its depth. */
+#define CONFIG_MAX_DEPTH 31u
 
 int kw__config_parse(const char *name, const char *buf, size_t len,
                      cJSON **out, char *err, size_t errlen)

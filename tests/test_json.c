@@ -226,11 +226,15 @@ Test(json, rejects_deep_nesting_cleanly)
     json = nested_json(2000, "{\"a\": ", "}");
     reject_len(json, strlen(json), NULL, NULL, "2000 objects");
     free(json);
-    /* Ordinary depths still load. */
-    json = nested_json(100, "{\"a\": [", "]}");
+    /* 31 levels with the root, what a kwarmd request can carry one level
+     * down, still load; 32 do not. */
+    json = nested_json(15, "{\"a\": [", "]}");
     kw_config_model m;
     if (accept(&m, json) == 0)
         kw_config_model_destroy(&m);
+    free(json);
+    json = nested_json(31, "[", "]");
+    reject_len(json, strlen(json), NULL, NULL, "32 levels");
     free(json);
 }
 

@@ -43,6 +43,11 @@ static const struct bad_case {
      "\"max_position_embeddings\": 1e400"},
     {"a byte-order mark", "{", "\xef\xbb\xbf{"},
     {"a \\x1f byte between members", "\"kv_lora_rank\"", "\x1f\"kv_lora_rank\""},
+    /* 32 levels: over the config cap, so warmup's request (one level more)
+     * is never what refuses it. */
+    {"32 levels of nesting", "\"index_topk\": 2048",
+     "\"index_topk\": 2048, \"deep\": " "[[[[[[[[[[" "[[[[[[[[[[" "[[[[[[[[[[" "["
+     "1" "]]]]]]]]]]" "]]]]]]]]]]" "]]]]]]]]]]" "]"},
 };
 
 /* Writes text to DIR/name; returns the path (static storage per slot). */
