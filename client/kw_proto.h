@@ -113,11 +113,13 @@ int kw_proto_peek(const uint8_t *buf, size_t len, uint16_t *type,
  * Returns KW_PROTO_OK with *out filled and *used set to the frame's length;
  * KW_PROTO_MORE when buf holds a valid prefix of a frame (nothing is
  * allocated for a body that has not arrived); any error of kw_proto_peek();
- * KW_EPROTO when the JSON header is not one strict RFC 8259 object: invalid
+ * KW_EPROTO when the JSON header is not one strict RFC 8259 object (the
+ * rules of kwarm's one JSON reader, which config files follow too): invalid
  * syntax or UTF-8, truncated, not an object, bytes other than whitespace
  * after it, a NUL byte or "\u0000", a raw control character, a leading zero
- * or other non-RFC number, a byte-order mark, a member name used twice in
- * one object, or nesting deeper than KW_PROTO_MAX_DEPTH; KW_ENOMEM.  *out
+ * or other non-RFC number, a number no double holds (1e400), a byte-order
+ * mark, a member name used twice in one object, or nesting deeper than
+ * KW_PROTO_MAX_DEPTH; KW_ENOMEM.  *out
  * and *used are untouched unless KW_PROTO_OK.
  *
  * Lifetimes: out->header is a new cJSON tree owned by *out; release it with
