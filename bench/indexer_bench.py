@@ -1,0 +1,291 @@
+#!/usr/bin/env python3
+"""indexer_logits and indexer_topk on the H200 against torch and Triton.
+
+usage: indexer_bench.py DIR [--json F] [--iters N]
+
+DIR holds the cubins and kernels.json that `bench_indexer DIR` wrote (the
+DeepSeek-V3.2 keys: 64 heads of 128, top-k 2048).  Every row runs on the
+same data, made here once on the GPU; kwarm's kernels are loaded through
+cupy.  Times are CUDA events, the median of --iters launches after warm-up.
+
+- fp8 matrix rate: an 8192^3 torch._scaled_mm (e4m3 in, bf16 out).
+- prefill logits: 4096 queries over 65536 K rows, causal windows (query t
+  sees rows [0, 65536 - 4096 + t + 1)); TFLOP/s counts 2*H*D per (query,
+  row in window).  Rows: kwarm, a torch path (bf16 matmul, relu, weighted
+  head sum, mask; in chunks of queries), a Triton fp8 kernel (tl.dot on
+  e4m3).  kwarm's output is checked against a float64 reference on
+  sampled rows with the spec's tolerance.
+- paged decode logits: 128 requests, 65536 visible rows each, pages of 64
+  rows scattered over the pool, next_n 1 and 2; K bytes read / time beside
+  a 1 GiB device copy's bandwidth (read + write bytes / time).
+- indexer_topk: 4096 rows x 65536, top-k 2048, against torch.topk on the
+  same logits; the output must equal a stable torch order (sort by value
+  descending, ties by lower index).
+"""
+import argparse
+import json
+import math
+import statistics
+import sys
+
+import cupy
+import torch
+import triton
+import triton.language as tl
+
+H, D, TOPK = 64, 128, 2048
+
+
+def timed(fn, iters):
+    """Median milliseconds of fn() over iters runs (after 2 warm-ups)."""
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    ms = []
+    for _ in range(iters):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ms.append(a.elapsed_time(b))
+    return statistics.median(ms)
+
+
+class Kernel:
+    """A kwarm cubin loaded through cupy, launched on torch tensors."""
+
+    def __init__(self, d, name, meta):
+        self.meta = meta[name]
+        self.mod = cupy.RawModule(path=f"{d}/{name}.cubin")
+        self.fn = self.mod.get_function(self.meta["entry"])
+        self.fn.max_dynamic_shared_size_bytes = self.meta["shmem"]
+
+    def __call__(self, grid, args):
+        conv = []
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                conv.append(cupy.asarray(a))
+            else:
+                conv.append(cupy.int32(a))
+        self.fn(grid, (self.meta["threads"],), tuple(conv),
+                shared_mem=self.meta["shmem"])
+
+
+def fp8(shape, gen, scale=1.0):
+    return (torch.randn(shape, generator=gen, device="cuda") * scale).to(torch.float8_e4m3fn)
+
+
+def matrix_rate(iters):
+    n = 8192
+    g = torch.Generator(device="cuda").manual_seed(1)
+    a = fp8((n, n), g)
+    b = fp8((n, n), g).t()
+    one = torch.tensor(1.0, device="cuda")
+    ms = timed(lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one,
+                                        out_dtype=torch.bfloat16), iters)
+    return 2 * n ** 3 / (ms / 1e3) / 1e12
+
+
+def ref_rows(q, w, k, ks, rows, kscale):
+    """float64 logits and absolute-value sums of the sampled query rows."""
+    kd = k.double()
+    out, mag = [], []
+    for t in rows:
+        s = q[t].double() @ kd.t()                       # [H, N]
+        v = (s.clamp(min=0) * w[t].double()[:, None]).sum(0) * kscale.double()
+        m = ((q[t].double().abs() @ kd.abs().t()) * w[t].double().abs()[:, None]).sum(0) * kscale.double().abs()
+        out.append(v)
+        mag.append(m)
+    return out, mag
+
+
+def check_rows(got, ref, mag, lo, hi):
+    """Mismatches of one output row: tolerance inside [lo, hi), -inf
+    outside."""
+    n = got.shape[0]
+    idx = torch.arange(n, device="cuda")
+    inw = (idx >= lo) & (idx < hi)
+    tol = mag * 2.0 ** -12 + 2.0 ** -100
+    bad_in = (inw & ~((got.double() - ref).abs() <= tol)).sum().item()
+    bad_out = (~inw & ~(got == float("-inf"))).sum().item()
+    return bad_in + bad_out
+
+
+@triton.jit
+def tr_logits(q_ptr, w_ptr, k_ptr, s_ptr, ke_ptr, out_ptr, N, stride,
+              HH: tl.constexpr, DD: tl.constexpr, BN: tl.constexpr):
+    t = tl.program_id(0)
+    nb = tl.program_id(1)
+    hi = tl.load(ke_ptr + t)
+    rows = nb * BN + tl.arange(0, BN)
+    if nb * BN >= hi:
+        tl.store(out_ptr + t * stride + rows, float("-inf"), mask=rows < N)
+        return
+    h = tl.arange(0, HH)
+    d = tl.arange(0, DD)
+    q = tl.load(q_ptr + (t * HH + h[:, None]) * DD + d[None, :])     # [H, D]
+    k = tl.load(k_ptr + rows[:, None] * DD + d[None, :], mask=rows[:, None] < N, other=0.0)
+    s = tl.dot(k, tl.trans(q))                                         # [BN, H]
+    w = tl.load(w_ptr + t * HH + h)
+    v = tl.sum(tl.maximum(s, 0.0) * w[None, :], axis=1)
+    v = v * tl.load(s_ptr + rows, mask=rows < N, other=0.0)
+    v = tl.where(rows < hi, v, float("-inf"))
+    tl.store(out_ptr + t * stride + rows, v, mask=rows < N)
+
+
+def prefill(kern, iters, res):
+    T, N = 4096, 65536
+    g = torch.Generator(device="cuda").manual_seed(2)
+    q = fp8((T, H, D), g)
+    k = fp8((N, D), g)
+    w = torch.randn(T, H, generator=g, device="cuda") / H
+    ksc = torch.rand(N, generator=g, device="cuda") + 0.5
+    ks = torch.zeros(T, dtype=torch.int32, device="cuda")
+    ke = (N - T + 1 + torch.arange(T, device="cuda")).to(torch.int32)
+    out = torch.empty(T, N, device="cuda")
+    flops = 2.0 * H * D * float((ke - ks).sum().item())
+    qb = kern.meta["queries"]
+    grid = ((T + qb - 1) // qb,)
+    args = [q.view(torch.uint8), w, k.view(torch.uint8), ksc, ks, ke, T, N, N, out]
+    ms = timed(lambda: kern(grid, args), iters)
+    res["prefill_ms"] = ms
+    res["prefill_tflops"] = flops / (ms / 1e3) / 1e12
+    rows = [0, 1, 777, 2048, 4095]
+    ref, mag = ref_rows(q, w, k, ks, rows, ksc)
+    res["prefill_checked_rows"] = len(rows)
+    res["prefill_mismatches"] = sum(check_rows(out[t], ref[i], mag[i], 0, ke[t].item())
+                                    for i, t in enumerate(rows))
+    # torch: bf16 matmul, relu, weighted head sum, mask; chunks of queries
+    qb16, kb16, wb16 = q.to(torch.bfloat16), k.to(torch.bfloat16), w.to(torch.bfloat16)
+    idx = torch.arange(N, device="cuda")
+    tout = torch.empty(T, N, device="cuda")
+
+    def torch_path():
+        c = 128
+        for t0 in range(0, T, c):
+            s = torch.matmul(qb16[t0:t0 + c].reshape(-1, D), kb16.t())   # [c*H, N]
+            s = s.view(c, H, N).relu_()
+            v = torch.einsum("thn,th->tn", s, wb16[t0:t0 + c]).float() * ksc
+            tout[t0:t0 + c] = v.masked_fill(idx[None, :] >= ke[t0:t0 + c, None], float("-inf"))
+    tms = timed(torch_path, max(1, iters // 4))
+    res["prefill_torch_ms"] = tms
+    res["prefill_torch_tflops"] = flops / (tms / 1e3) / 1e12
+    tri = torch.empty(T, N, device="cuda")
+    BN = 128
+    trgrid = (T, N // BN)
+    trms = timed(lambda: tr_logits[trgrid](q, w, k, ksc, ke, tri, N, N, HH=H, DD=D, BN=BN), iters)
+    res["prefill_triton_ms"] = trms
+    res["prefill_triton_tflops"] = flops / (trms / 1e3) / 1e12
+    res["prefill_triton_mismatches"] = sum(check_rows(tri[t], ref[i], mag[i], 0, ke[t].item())
+                                           for i, t in enumerate(rows))
+    del qb16, kb16, tout, tri
+    return out
+
+
+def copy_gbps(iters):
+    n = 1 << 30
+    a = torch.empty(n, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    ms = timed(lambda: b.copy_(a), iters)
+    return 2 * n / (ms / 1e3) / 1e9
+
+
+def decode(kern, nn, iters, res):
+    B, rows, PR = 128, 65536, 64
+    width = rows // PR
+    g = torch.Generator(device="cuda").manual_seed(3 + nn)
+    pages = B * width
+    kp = fp8((pages, PR, D), g)
+    ksc = torch.rand(pages, PR, generator=g, device="cuda") + 0.5
+    bt = torch.randperm(pages, generator=g, device="cuda").to(torch.int32).view(B, width)
+    Q = B * nn
+    q = fp8((Q, H, D), g)
+    w = torch.randn(Q, H, generator=g, device="cuda") / H
+    re = torch.full((Q,), rows, dtype=torch.int32, device="cuda")
+    for i in range(nn):
+        re[i::nn] = rows - (nn - 1 - i)
+    out = torch.empty(Q, rows, device="cuda")
+    qb = kern.meta["queries"]
+    groups = (nn + qb - 1) // qb
+    split = max(1, (1056 + B * groups - 1) // (B * groups))
+    args = [q.view(torch.uint8), w, kp.view(torch.uint8), ksc, bt, re, B, width, rows, out]
+    ms = timed(lambda: kern((split, B, groups), args), iters)
+    kbytes = B * rows * D
+    res[f"decode_n{nn}_ms"] = ms
+    res[f"decode_n{nn}_k_gbps"] = kbytes / (ms / 1e3) / 1e9
+    # check two queries against float64
+    bad = 0
+    for i in (0, Q - 1):
+        b = i // nn
+        kr = kp[bt[b].long()].reshape(-1, D)[: re[i].item()]
+        sr = ksc[bt[b].long()].reshape(-1)[: re[i].item()]
+        s = q[i].double() @ kr.double().t()
+        v = (s.clamp(min=0) * w[i].double()[:, None]).sum(0) * sr.double()
+        m = ((q[i].double().abs() @ kr.double().abs().t()) * w[i].double().abs()[:, None]).sum(0) * sr.double()
+        full = torch.full((rows,), float("-inf"), dtype=torch.float64, device="cuda")
+        fm = torch.zeros(rows, dtype=torch.float64, device="cuda")
+        full[: re[i].item()] = v
+        fm[: re[i].item()] = m
+        bad += check_rows(out[i], full, fm, 0, re[i].item())
+    res[f"decode_n{nn}_mismatches"] = bad
+
+
+def topk(kern, iters, res):
+    R, N = 4096, 65536
+    g = torch.Generator(device="cuda").manual_seed(4)
+    x = torch.randn(R, N, generator=g, device="cuda")
+    x = torch.round(x * 256) / 256          # ties, as fp8-derived logits have
+    re = torch.full((R,), N, dtype=torch.int32, device="cuda")
+    out = torch.empty(R, TOPK, dtype=torch.int32, device="cuda")
+    args = [x, re, re, R, N, out]
+    ms = timed(lambda: kern((R,), args), iters)
+    tms = timed(lambda: torch.topk(x, TOPK, dim=1, sorted=True), iters)
+    stable = torch.sort(x, dim=1, descending=True, stable=True)[1][:, :TOPK]
+    res["topk_ms"] = ms
+    res["topk_torch_ms"] = tms
+    res["topk_speedup"] = tms / ms
+    res["topk_identical_to_stable_torch"] = bool(torch.equal(stable.to(torch.int32), out))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("dir")
+    ap.add_argument("--json")
+    ap.add_argument("--iters", type=int, default=10)
+    a = ap.parse_args()
+    meta = json.load(open(f"{a.dir}/kernels.json"))
+    res = {"device": torch.cuda.get_device_name()}
+    res["fp8_mm_tflops"] = matrix_rate(a.iters)
+    print(f"fp8 _scaled_mm 8192^3: {res['fp8_mm_tflops']:.0f} TFLOP/s", flush=True)
+    prefill(Kernel(a.dir, "logits_prefill", meta), a.iters, res)
+    print(f"prefill logits: kwarm {res['prefill_ms']:.3f} ms = {res['prefill_tflops']:.0f} TFLOP/s "
+          f"({res['prefill_tflops'] / res['fp8_mm_tflops']:.2f} of _scaled_mm), "
+          f"{res['prefill_mismatches']} mismatches in {res['prefill_checked_rows']} rows", flush=True)
+    print(f"  torch bf16 path {res['prefill_torch_ms']:.3f} ms = {res['prefill_torch_tflops']:.0f} TFLOP/s "
+          f"(kwarm {res['prefill_torch_ms'] / res['prefill_ms']:.1f}x faster)", flush=True)
+    print(f"  triton fp8 {res['prefill_triton_ms']:.3f} ms = {res['prefill_triton_tflops']:.0f} TFLOP/s "
+          f"(kwarm {res['prefill_triton_ms'] / res['prefill_ms']:.1f}x faster), "
+          f"{res['prefill_triton_mismatches']} mismatches", flush=True)
+    torch.cuda.empty_cache()
+    res["copy_gbps"] = copy_gbps(a.iters)
+    for nn in (1, 2):
+        decode(Kernel(a.dir, f"logits_decode_n{nn}", meta), nn, a.iters, res)
+        print(f"decode next_n {nn}: {res[f'decode_n{nn}_ms']:.3f} ms, K read {res[f'decode_n{nn}_k_gbps']:.0f} GB/s "
+              f"= {res[f'decode_n{nn}_k_gbps'] / res['copy_gbps']:.2f} of copy {res['copy_gbps']:.0f} GB/s, "
+              f"{res[f'decode_n{nn}_mismatches']} mismatches", flush=True)
+        torch.cuda.empty_cache()
+    topk(Kernel(a.dir, "topk_rows", meta), a.iters, res)
+    print(f"indexer_topk 4096x65536 k=2048: kwarm {res['topk_ms']:.3f} ms, torch.topk {res['topk_torch_ms']:.3f} ms "
+          f"({res['topk_speedup']:.1f}x), identical to stable torch order: {res['topk_identical_to_stable_torch']}",
+          flush=True)
+    if a.json:
+        json.dump(res, open(a.json, "w"), indent=1)
+    ok = res["prefill_mismatches"] == 0 and res["decode_n1_mismatches"] == 0 and \
+        res["decode_n2_mismatches"] == 0 and res["topk_identical_to_stable_torch"]
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
