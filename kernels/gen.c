@@ -308,7 +308,11 @@ int kw__k_gen_ic(kw_k_case *c, const kw_k_shape *s, kw__k_rng *g)
         (rc = ADD_OUT(c, "valid_count", KW__K_I32, count ? nrows : 0,
                       &out)) < 0)
         return rc;
-    kw__k_case_geometry1(c, (uint64_t)nrows, (unsigned)f[4] * 32);
+    /* Rows of up to 512 entries go one per warp (IC_WARP_TOPK in
+     * index_conversion.cu); longer ones one per block. */
+    const uint64_t per_block = topk <= 512 ? (uint64_t)f[4] : 1;
+    kw__k_case_geometry1(c, ((uint64_t)nrows + per_block - 1) / per_block,
+                         (unsigned)f[4] * 32);
     c->bytes = (size_t)nrows * ((size_t)topk * 8 + 4 + (has_ws ? 4 : 0) +
                                 (count ? 4 : 0));
     return 0;

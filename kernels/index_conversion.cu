@@ -4,12 +4,18 @@
  * Template parameters are the key's fields in spec order; only the last
  * (block_table_stride) is a class, of the runtime width.
  *
- * Launch: NUM_WARPS*32 threads, one block per row (any grid: rows are
- * grid-strided).  A block walks its row in chunks of NUM_WARPS*32*VEC*G
- * entries (one chunk when SINGLE_TILE and BLOCK_N == TOPK), with 16-byte
- * loads and stores when the row pointers allow.  compact_to_front scans the
- * chunk's valid counts across the block and stages the survivors in shared
- * memory, so the compacted row is written with coalesced stores.
+ * Launch: NUM_WARPS*32 threads; any grid (rows are grid-strided).  Rows of
+ * up to IC_WARP_TOPK entries go one per warp, so a block takes NUM_WARPS
+ * rows (the harness launches ceil(rows / NUM_WARPS) blocks): a warp holds
+ * its whole row in registers, scans with shuffles and never waits on a
+ * block barrier.  One block per row of 512 left half the threads idle and
+ * each block a chain of DRAM round trips and barriers; at 65,536 rows that
+ * measured 0.28-0.47 of copy bandwidth.  Longer rows go one per block (the
+ * harness: one block per row), walked in chunks of NUM_WARPS*32*VEC*G
+ * entries (one chunk when SINGLE_TILE and BLOCK_N == TOPK).  Both use
+ * 16-byte loads and stores when the row pointers allow.  compact_to_front
+ * stages the survivors in shared memory, so the compacted row is written
+ * with coalesced stores.
  *
  * Rows whose request index is out of range (req_id outside [0, num_reqs)
  * for decode rows, prefill_req >= num_prefill for prefill rows) come out
@@ -17,6 +23,10 @@
  * such input instead.
  */
 #include "kw_k_dcp.cuh"
+
+/* Rows up to this long go one per warp (kw__k_ic_rows_per_block() in
+ * kernels/gen.c mirrors it for the harness's grid). */
+#define IC_WARP_TOPK 512
 
 /* One entry's conversion: everything that is fixed for the row. */
 template <int BS, int STRIDE, int W, int R, int IL, bool HAS_WS>
@@ -188,25 +198,156 @@ __device__ __forceinline__ int ic_row(const Conv &conv,
     return run;
 }
 
-/* Without compaction the kernel needs few registers: asking for a full
- * SM of blocks (no spills) measured 89% -> 93% of copy bandwidth; the
- * compacting variant spills under that bound and got slower, so it keeps
- * the compiler's choice (a minimum of 0 blocks sets no bound). */
-template <int BS, int STRIDE, int BLOCK_N, bool SINGLE_TILE, int NUM_WARPS,
-          bool HAS_WS, bool COUNT, bool COMPACT, int W, int R, int IL,
-          int TOPK, int BT_REP>
-__global__ void __launch_bounds__(NUM_WARPS * 32,
-                                  COMPACT ? 0 : 2048 / (NUM_WARPS * 32))
-    kw_k_index_conversion(
-    const int *__restrict__ req_id, const int *__restrict__ block_table,
-    const int *__restrict__ topk_pos, const int *__restrict__ prefill_req,
-    const int *__restrict__ workspace_start, int num_rows, int num_reqs,
-    int num_prefill, int width, int workspace_rank_stride,
-    int *__restrict__ out, int *__restrict__ valid_count)
+/* Exclusive warp-wide prefix sums of G per-lane counts, g-major like
+ * ic_block_scan.  Counts are at most 4 (one vector), so four of them
+ * travel packed in the bytes of one int: a lane's byte sum over the warp
+ * stays <= 128 and never carries.  Returns the warp's total. */
+template <int G>
+__device__ __forceinline__ int ic_warp_scan(const int (&v)[G], int (&excl)[G])
 {
-    static_assert(BS >= 1 && W >= 1 && R >= 0 && R < W && IL >= 1 &&
-                      TOPK >= 1 && NUM_WARPS >= 1 && NUM_WARPS <= 32,
-                  "invalid index_conversion key");
+    const int lane = threadIdx.x & 31;
+    int run = 0;
+#pragma unroll
+    for (int g0 = 0; g0 < G; g0 += 4) {
+        unsigned pk = 0;
+#pragma unroll
+        for (int g = g0; g < G && g < g0 + 4; g++)
+            pk |= (unsigned)v[g] << (8 * (g - g0));
+        unsigned x = pk;
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+            unsigned y = __shfl_up_sync(0xffffffffu, x, off);
+            x += lane >= off ? y : 0u;
+        }
+        const unsigned tot = __shfl_sync(0xffffffffu, x, 31), ex = x - pk;
+#pragma unroll
+        for (int g = g0; g < G && g < g0 + 4; g++) {
+            excl[g] = run + (int)((ex >> (8 * (g - g0))) & 255u);
+            run += (int)((tot >> (8 * (g - g0))) & 255u);
+        }
+    }
+    return run;
+}
+
+/* Writes a compacted row from its warp's stage: stage[0, total), then -1. */
+template <int V, int TOPK>
+__device__ __forceinline__ void ic_flush(const int *stage, int total,
+                                         int *__restrict__ o)
+{
+    const int lane = threadIdx.x & 31;
+    if constexpr (V == 4) {
+        for (int i = 4 * lane; i < TOPK; i += 128) {
+            int4 q = *(const int4 *)(stage + i);
+            q.x = i < total ? q.x : -1;
+            q.y = i + 1 < total ? q.y : -1;
+            q.z = i + 2 < total ? q.z : -1;
+            q.w = i + 3 < total ? q.w : -1;
+            *(int4 *)(o + i) = q;
+        }
+    } else {
+        for (int i = lane; i < TOPK; i += 32)
+            o[i] = i < total ? stage[i] : -1;
+    }
+}
+
+/* Converts one row with one warp; returns its count of outputs != -1 (when
+ * !COMPACT, the calling lane's part of it).  Every load of the row is
+ * issued before the first conversion.  stage holds TOPK ints of this
+ * warp's own (COMPACT only). */
+template <int V, int TOPK, bool COMPACT, class Conv>
+__device__ __forceinline__ int ic_row_warp(const Conv &conv,
+                                           const int *__restrict__ in,
+                                           int *__restrict__ o, int *stage)
+{
+    constexpr int G = (TOPK + 32 * V - 1) / (32 * V);
+    const int lane = threadIdx.x & 31;
+    int val[G][V], cnt[G];
+#pragma unroll
+    for (int g = 0; g < G; g++)
+        ic_load<V, TOPK>(in, (g * 32 + lane) * V, val[g]);
+    int mine = 0;
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        cnt[g] = 0;
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            val[g][k] = conv(val[g][k]);
+            cnt[g] += val[g][k] != -1;
+        }
+        mine += cnt[g];
+        if constexpr (!COMPACT)
+            ic_store<V, TOPK>(o, (g * 32 + lane) * V, val[g]);
+    }
+    if constexpr (!COMPACT)
+        return mine;
+    int excl[G];
+    const int total = ic_warp_scan<G>(cnt, excl);
+#pragma unroll
+    for (int g = 0; g < G; g++)
+#pragma unroll
+        for (int k = 0; k < V; k++)
+            if (val[g][k] != -1)
+                stage[excl[g]++] = val[g][k];
+    __syncwarp();
+    ic_flush<V, TOPK>(stage, total, o);
+    __syncwarp(); /* stage is refilled by the warp's next row */
+    return total;
+}
+
+/* The kernel's parameters, passed on to the row walkers. */
+struct ic_args {
+    const int *__restrict__ req_id;
+    const int *__restrict__ block_table;
+    const int *__restrict__ topk_pos;
+    const int *__restrict__ prefill_req;
+    const int *__restrict__ workspace_start;
+    int num_rows, num_reqs, num_prefill, width, ws_stride;
+    int *__restrict__ out;
+    int *__restrict__ valid_count;
+};
+
+template <class Conv>
+__device__ __forceinline__ Conv ic_conv_of(const ic_args &a, int row)
+{
+    return Conv::of_row(row, a.req_id, a.block_table, a.prefill_req,
+                        a.workspace_start, a.num_reqs, a.num_prefill, a.width,
+                        a.ws_stride);
+}
+
+/* One row per warp, NUM_WARPS rows per block, grid-strided. */
+template <int NUM_WARPS, bool COUNT, bool COMPACT, int TOPK, class Conv>
+__device__ __forceinline__ void ic_by_warp(const ic_args &a)
+{
+    constexpr int V = TOPK % 4 == 0 ? 4 : 1;
+    __shared__ __align__(16) int stage[COMPACT ? NUM_WARPS * TOPK : 4];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int *st = stage + (COMPACT ? warp * TOPK : 0);
+    for (long long row = (long long)blockIdx.x * NUM_WARPS + warp;
+         row < a.num_rows; row += (long long)gridDim.x * NUM_WARPS) {
+        const int *in = a.topk_pos + row * TOPK;
+        int *o = a.out + row * TOPK;
+        const Conv conv = ic_conv_of<Conv>(a, (int)row);
+        int valid;
+        if (V == 4 && (((unsigned long long)in | (unsigned long long)o) & 15) == 0)
+            valid = ic_row_warp<V, TOPK, COMPACT>(conv, in, o, st);
+        else
+            valid = ic_row_warp<1, TOPK, COMPACT>(conv, in, o, st);
+        if constexpr (!COUNT)
+            continue;
+        if constexpr (!COMPACT) /* valid is per lane: sum the warp */
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1)
+                valid += __shfl_xor_sync(0xffffffffu, valid, off);
+        if (lane == 0)
+            a.valid_count[row] = valid;
+    }
+}
+
+/* One row per block, walked in chunks, grid-strided. */
+template <int NUM_WARPS, int BLOCK_N, bool SINGLE_TILE, bool COUNT,
+          bool COMPACT, int TOPK, class Conv>
+__device__ __forceinline__ void ic_by_block(const ic_args &a)
+{
     constexpr int THREADS = NUM_WARPS * 32;
     constexpr int V = TOPK % 4 == 0 ? 4 : 1;
     /* Vectors a thread holds per chunk: a single tile wants the whole row
@@ -216,16 +357,12 @@ __global__ void __launch_bounds__(NUM_WARPS * 32,
                                    : 2;
     constexpr int GCAP = 8192 / (THREADS * V) > 4 ? 4 : 8192 / (THREADS * V);
     constexpr int G = GW < 1 ? 1 : (GW > GCAP ? GCAP : GW);
-    using Conv = ic_conv<BS, STRIDE, W, R, IL, HAS_WS>;
     __shared__ int sm_scan[G * NUM_WARPS];
     __shared__ int stage[COMPACT ? THREADS * V * G : 1];
-    width = kw_k_rep<BT_REP>(width);
-    for (int row = blockIdx.x; row < num_rows; row += gridDim.x) {
-        const Conv conv = Conv::of_row(row, req_id, block_table, prefill_req,
-                                       workspace_start, num_reqs, num_prefill,
-                                       width, workspace_rank_stride);
-        const int *in = topk_pos + (long long)row * TOPK;
-        int *o = out + (long long)row * TOPK;
+    for (int row = blockIdx.x; row < a.num_rows; row += gridDim.x) {
+        const Conv conv = ic_conv_of<Conv>(a, row);
+        const int *in = a.topk_pos + (long long)row * TOPK;
+        int *o = a.out + (long long)row * TOPK;
         const unsigned long long addr_bits =
             (unsigned long long)in | (unsigned long long)o;
         int valid;
@@ -243,6 +380,47 @@ __global__ void __launch_bounds__(NUM_WARPS * 32,
             __syncthreads(); /* sm_scan is reused by the next row */
         }
         if (threadIdx.x == 0)
-            valid_count[row] = valid;
+            a.valid_count[row] = valid;
     }
+}
+
+/* Minimum blocks per SM for __launch_bounds__.  Row per block: without
+ * compaction the kernel needs few registers, and asking for a full SM of
+ * blocks (no spills) measured 89% -> 93% of copy bandwidth; the compacting
+ * variant spills under that bound and got slower, so it keeps the
+ * compiler's choice (0 sets no bound).  Row per warp: a full SM leaves 32
+ * registers and spills; three quarters of one (40 registers) does not. */
+template <int THREADS, bool COMPACT, int TOPK>
+__host__ __device__ constexpr int ic_min_blocks()
+{
+    const int n = TOPK <= IC_WARP_TOPK ? 1536 / THREADS
+                                       : (COMPACT ? 0 : 2048 / THREADS);
+    return n > 32 ? 32 : n; /* an SM holds at most 32 blocks */
+}
+
+template <int BS, int STRIDE, int BLOCK_N, bool SINGLE_TILE, int NUM_WARPS,
+          bool HAS_WS, bool COUNT, bool COMPACT, int W, int R, int IL,
+          int TOPK, int BT_REP>
+__global__ void __launch_bounds__(NUM_WARPS * 32,
+                                  ic_min_blocks<NUM_WARPS * 32, COMPACT, TOPK>())
+    kw_k_index_conversion(
+    const int *__restrict__ req_id, const int *__restrict__ block_table,
+    const int *__restrict__ topk_pos, const int *__restrict__ prefill_req,
+    const int *__restrict__ workspace_start, int num_rows, int num_reqs,
+    int num_prefill, int width, int workspace_rank_stride,
+    int *__restrict__ out, int *__restrict__ valid_count)
+{
+    static_assert(BS >= 1 && W >= 1 && R >= 0 && R < W && IL >= 1 &&
+                      TOPK >= 1 && NUM_WARPS >= 1 && NUM_WARPS <= 32,
+                  "invalid index_conversion key");
+    using Conv = ic_conv<BS, STRIDE, W, R, IL, HAS_WS>;
+    const ic_args a = {req_id, block_table, topk_pos, prefill_req,
+                       workspace_start, num_rows, num_reqs, num_prefill,
+                       kw_k_rep<BT_REP>(width), workspace_rank_stride, out,
+                       valid_count};
+    if constexpr (TOPK <= IC_WARP_TOPK)
+        ic_by_warp<NUM_WARPS, COUNT, COMPACT, TOPK, Conv>(a);
+    else
+        ic_by_block<NUM_WARPS, BLOCK_N, SINGLE_TILE, COUNT, COMPACT, TOPK,
+                    Conv>(a);
 }
