@@ -1,0 +1,172 @@
+/* test_cli_help.c: every option a command takes is in its --help (issue 12
+ * point 10).
+ *
+ * The parsers are probed as a black box: every flag-like word of the CLI's
+ * sources and of every command's help is given alone to every command
+ * (`kwarm CMD --flag`).  A command that does not answer "--flag: unknown
+ * argument" took the flag, so its --help must name it.  The commands are
+ * those `kwarm --help` lists; KWARM_SOCKET points nowhere, so a command
+ * that goes on to connect fails at once.
+ */
+#include <dirent.h>
+
+#include "cli_util.h"
+
+#define CLI_DIR KW_FIXTURES "/../../cli"
+#define MAX_WORDS 256
+
+typedef struct words {
+    char *w[MAX_WORDS];
+    size_t n;
+} words;
+
+static void add_word(words *ws, const char *s, size_t len)
+{
+    for (size_t i = 0; i < ws->n; i++)
+        if (strlen(ws->w[i]) == len && strncmp(ws->w[i], s, len) == 0)
+            return;
+    cr_assert(ws->n < MAX_WORDS, "too many flags");
+    ws->w[ws->n++] = strndup(s, len);
+}
+
+static void words_free(words *ws)
+{
+    for (size_t i = 0; i < ws->n; i++)
+        free(ws->w[i]);
+    ws->n = 0;
+}
+
+static bool flag_char(char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-';
+}
+
+/* Adds every "--word" and "-x" (a single letter) of text to ws.  A flag
+ * starts after a character that cannot be inside a word. */
+static void scan_flags(words *ws, const char *text)
+{
+    for (const char *p = text; *p != '\0'; p++) {
+        if (*p != '-' || (p > text && (flag_char(p[-1]) || p[-1] == '_' ||
+                                       (p[-1] >= 'A' && p[-1] <= 'Z'))))
+            continue;
+        size_t len = 1;
+        if (p[1] == '-' && p[2] >= 'a' && p[2] <= 'z') {
+            len = 2;
+            while (flag_char(p[len]))
+                len++;
+            while (p[len - 1] == '-')
+                len--;
+        } else if (p[1] >= 'a' && p[1] <= 'z' && !flag_char(p[2])) {
+            len = 2;
+        }
+        if (len >= 2)
+            add_word(ws, p, len);
+        p += len - 1;
+    }
+}
+
+/* True when text names flag as a whole word. */
+static bool names_flag(const char *text, const char *flag)
+{
+    size_t n = strlen(flag);
+    for (const char *p = text; (p = strstr(p, flag)) != NULL; p++)
+        if ((p == text || !flag_char(p[-1])) && !flag_char(p[n]))
+            return true;
+    return false;
+}
+
+/* The commands `kwarm --help` lists under "Commands:". */
+static void commands(words *cmds, char **usage)
+{
+    result r = kwarm(ARGS("--help"));
+    cr_assert_eq(r.status, 0);
+    const char *p = strstr(r.out, "Commands:\n");
+    cr_assert_not_null(p, "%s", r.out);
+    for (p += 10; strncmp(p, "  ", 2) == 0; p = strchr(p, '\n') + 1) {
+        const char *name = p + 2;
+        add_word(cmds, name, strcspn(name, " "));
+    }
+    *usage = strdup(r.out);
+    result_free(&r);
+}
+
+/* Every flag-like word of the CLI's C sources. */
+static void source_flags(words *ws)
+{
+    DIR *d = opendir(CLI_DIR);
+    cr_assert_not_null(d, "%s: %s", CLI_DIR, strerror(errno));
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        size_t n = strlen(e->d_name);
+        if (n < 3 || strcmp(e->d_name + n - 2, ".c") != 0)
+            continue;
+        char path[512];
+        snprintf(path, sizeof path, "%s/%s", CLI_DIR, e->d_name);
+        char *text = kw_test_read_file(path, NULL);
+        cr_assert_not_null(text, "%s", path);
+        /* Only inside string literals: "-" '-' in code are not flags. */
+        for (char *q = text; (q = strchr(q, '"')) != NULL;) {
+            char *end = strchr(q + 1, '"');
+            if (end == NULL)
+                break;
+            *end = '\0';
+            scan_flags(ws, q + 1);
+            q = end + 1;
+        }
+        free(text);
+    }
+    closedir(d);
+}
+
+Test(cli_help, kwarm_help_lists_version_and_help)
+{
+    words cmds = {0};
+    char *usage = NULL;
+    commands(&cmds, &usage);
+    cr_expect(names_flag(usage, "--version"), "kwarm --help lacks --version");
+    cr_expect(names_flag(usage, "--help"), "kwarm --help lacks --help");
+    cr_expect_geq(cmds.n, 12, "only %zu commands listed", cmds.n);
+    result r = kwarm(ARGS("--version"));
+    cr_expect(r.status == 0 && strncmp(r.out, "kwarm ", 6) == 0, "%s", r.out);
+    result_free(&r);
+    free(usage);
+    words_free(&cmds);
+}
+
+Test(cli_help, every_flag_a_command_takes_is_in_its_help, .timeout = 120)
+{
+    setenv("KWARM_SOCKET", "/nonexistent/kwarm-help-test.sock", 1);
+    words cmds = {0}, flags = {0};
+    char *usage = NULL, *help[MAX_WORDS] = {0};
+    commands(&cmds, &usage);
+    source_flags(&flags);
+    for (size_t c = 0; c < cmds.n; c++) {
+        result r = kwarm(ARGS(cmds.w[c], "--help"));
+        cr_assert_eq(r.status, 0, "kwarm %s --help: exit %d", cmds.w[c], r.status);
+        scan_flags(&flags, r.out);
+        help[c] = strdup(r.out);
+        result_free(&r);
+    }
+    cr_assert_geq(flags.n, 20, "only %zu flags found", flags.n);
+    size_t probed = 0, missing = 0;
+    for (size_t c = 0; c < cmds.n; c++)
+        for (size_t f = 0; f < flags.n; f++) {
+            result r = kwarm(ARGS(cmds.w[c], flags.w[f]));
+            char unknown[128];
+            snprintf(unknown, sizeof unknown, "%s: unknown argument", flags.w[f]);
+            bool taken = strstr(r.err, unknown) == NULL;
+            result_free(&r);
+            probed++;
+            if (taken && !names_flag(help[c], flags.w[f])) {
+                cr_log_error("kwarm %s takes %s but its --help does not list it",
+                             cmds.w[c], flags.w[f]);
+                missing++;
+            }
+        }
+    cr_expect_eq(missing, 0, "%zu options missing from help texts (%zu probed)",
+                 missing, probed);
+    for (size_t c = 0; c < cmds.n; c++)
+        free(help[c]);
+    free(usage);
+    words_free(&cmds);
+    words_free(&flags);
+}
