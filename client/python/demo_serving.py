@@ -9,7 +9,7 @@ usage: demo_serving.py --socket PATH --model CONFIG.json [--dcp-world W]
 2. get + cuModuleLoadData for every key of this rank: launchable functions;
 3. runs the plain index_conversion kernel (decode rows: request-local top-k
    positions to physical KV rows) on random inputs and compares every
-   output with numpy, following spec/kernels.md.
+   output with numpy, following docs/spec/kernels.md.
 Needs the CUDA driver and numpy; talks to the driver through ctypes.
 """
 import argparse
@@ -19,14 +19,15 @@ import os
 import sys
 import time
 
-import numpy as np
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kwarm_client  # noqa: E402
 
+np = None  # numpy: imported by main() once the arguments parsed, so that
+           # --help and argument errors need no numpy
+
 
 def reference(req_id, block_table, topk_pos, f, world, rank):
-    """index_conversion for decode rows (spec/kernels.md), in numpy."""
+    """index_conversion for decode rows (docs/spec/kernels.md), in numpy."""
     bs, stride, il = f["block_size"], f["block_stride_rows"], f["dcp_interleave"]
     t = topk_pos.astype(np.int64)
     owner = (t // il) % world
@@ -73,12 +74,25 @@ def launch_index_conversion(cuda, fn, f, rng):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--socket", default=None)
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--dcp-world", type=int, default=1)
-    ap.add_argument("--dcp-rank", type=int, default=0)
+    global np
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0].replace("\n", " "),
+        epilog="Needs a GPU with its CUDA driver, and numpy.")
+    ap.add_argument("--socket", default=None,
+                    help="kwarmd's socket (default: $KWARM_SOCKET, "
+                         "$XDG_RUNTIME_DIR/kwarm.sock or /run/kwarm/kwarm.sock)")
+    ap.add_argument("--model", required=True, help="the model's config.json")
+    ap.add_argument("--dcp-world", type=int, default=1,
+                    help="decode-context-parallel world size (1)")
+    ap.add_argument("--dcp-rank", type=int, default=0,
+                    help="this process's rank (0)")
     a = ap.parse_args()
+    try:
+        import numpy
+    except ImportError:
+        ap.error("numpy is needed for the reference check "
+                 "(Debian: apt-get install python3-numpy)")
+    np = numpy
     config = json.load(open(a.model))
     deployment = {"dcp_world": a.dcp_world, "dcp_rank": a.dcp_rank}
     cuda = kwarm_client.Cuda()
