@@ -83,7 +83,8 @@ static unsigned shmem_itopk(const int64_t *f)
 
 /* The formulas of indexer_logits.cu (il_hp, il_qb, il_stages,
  * il_smem_bytes): heads padded to a power of two >= 16, queries per block
- * filling 256 GEMM columns, 1-4 stages of 128-row K tiles under 212 KiB. */
+ * filling 128 GEMM columns (256 for 256 heads), 1-4 stages of 128-row K
+ * tiles and their scales under 212 KiB. */
 static int pow2ceil(int x)
 {
     int p = 1;
@@ -95,21 +96,22 @@ static int pow2ceil(int x)
 static int logits_queries(const int64_t *f)
 {
     int hp = pow2ceil(f[0] < 16 ? 16 : (int)f[0]);
+    int cols = hp >= 256 ? 256 : 128;
     if (!f[2])
-        return 256 / hp;
+        return cols / hp;
     int nn = 1;
     while (nn * 2 <= f[4])
         nn *= 2;
-    return nn < 256 / hp ? nn : 256 / hp;
+    return nn < cols / hp ? nn : cols / hp;
 }
 
 static unsigned shmem_logits(const int64_t *f)
 {
     int hp = pow2ceil(f[0] < 16 ? 16 : (int)f[0]);
     int nq = logits_queries(f) * hp, d = (int)f[1];
-    int s = (217088 - nq * d - nq * 4) / (128 * d);
+    int s = (217088 - nq * d - nq * 4) / (128 * (d + 4));
     s = s < 1 ? 1 : s > 4 ? 4 : s;
-    return (unsigned)(nq * d + s * 128 * d + nq * 4);
+    return (unsigned)(nq * d + s * 128 * (d + 4) + nq * 4);
 }
 
 /* Prefill keys have page_rows 0 and next_n 1; decode keys page_rows >= 1. */

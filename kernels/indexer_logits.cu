@@ -63,24 +63,34 @@ __host__ __device__ constexpr int il_hp(int h)
     return il_pow2ceil(h < 16 ? 16 : h);
 }
 
+/* At most 128 GEMM columns (256 only for 256 heads), so the 64
+ * accumulators per thread leave room for two blocks per SM, one in its
+ * epilogue while the other keeps the tensor cores busy. */
+__host__ __device__ constexpr int il_cols(int h)
+{
+    return il_hp(h) >= 256 ? 256 : 128;
+}
+
 __host__ __device__ constexpr int il_qb(int h, bool paged, int next_n)
 {
-    return !paged ? 256 / il_hp(h)
-           : il_pow2floor(next_n) < 256 / il_hp(h) ? il_pow2floor(next_n)
-                                                   : 256 / il_hp(h);
+    return !paged ? il_cols(h) / il_hp(h)
+           : il_pow2floor(next_n) < il_cols(h) / il_hp(h)
+               ? il_pow2floor(next_n)
+               : il_cols(h) / il_hp(h);
 }
 
 __host__ __device__ constexpr int il_stages(int nq, int d)
 {
-    return (IL_SMEM_BUDGET - nq * d - nq * 4) / (IL_TILE * d) < 1 ? 1
-           : (IL_SMEM_BUDGET - nq * d - nq * 4) / (IL_TILE * d) > 4
+    return (IL_SMEM_BUDGET - nq * d - nq * 4) / (IL_TILE * (d + 4)) < 1 ? 1
+           : (IL_SMEM_BUDGET - nq * d - nq * 4) / (IL_TILE * (d + 4)) > 4
                ? 4
-               : (IL_SMEM_BUDGET - nq * d - nq * 4) / (IL_TILE * d);
+               : (IL_SMEM_BUDGET - nq * d - nq * 4) / (IL_TILE * (d + 4));
 }
 
+/* Queries, then the K stages, then the stages' row scales, then weights. */
 __host__ __device__ constexpr int il_smem_bytes(int nq, int d)
 {
-    return nq * d + il_stages(nq, d) * IL_TILE * d + nq * 4;
+    return nq * d + il_stages(nq, d) * IL_TILE * (d + 4) + nq * 4;
 }
 
 /* Byte offset of 16-byte chunk c of row r in a core-matrix tile whose
@@ -95,6 +105,13 @@ __device__ __forceinline__ void il_cp16(unsigned dst, const void *src,
 {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
                  ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+
+__device__ __forceinline__ void il_cp4(unsigned dst, const void *src,
+                                       bool valid)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
+                 ::"r"(dst), "l"(src), "r"(valid ? 4 : 0) : "memory");
 }
 
 __device__ __forceinline__ void il_cp_commit()
@@ -324,8 +341,10 @@ struct il_block {
 /* Loads K tile t (rows t*128 ..) into the core-matrix tile at shared
  * address dst; rows at or past hi are zero-filled, not read. */
 template <int D, bool PAGED, int PR>
-__device__ __forceinline__ void il_load_tile(unsigned dst, int t, int hi,
+__device__ __forceinline__ void il_load_tile(unsigned dst, unsigned sdst,
+                                             int t, int hi,
                                              const kw_u8 *__restrict__ k,
+                                             const float *__restrict__ ksc,
                                              const int *__restrict__ bt)
 {
     constexpr int C = D / 16, P = PR > 0 ? PR : 1;
@@ -343,6 +362,15 @@ __device__ __forceinline__ void il_load_tile(unsigned dst, int t, int hi,
             }
         }
         il_cp16(dst + il_off(r, c, D), src, valid);
+    }
+    /* The rows' scales, so the epilogue waits on no global load. */
+    for (int r = threadIdx.x; r < IL_TILE; r += IL_THREADS) {
+        int row = t * IL_TILE + r;
+        const float *src = ksc;
+        if (row < hi)
+            src = PAGED ? ksc + (long long)bt[row / P] * P + row % P
+                        : ksc + row;
+        il_cp4(sdst + 4 * r, src, row < hi);
     }
 }
 
@@ -370,15 +398,13 @@ __device__ __forceinline__ void il_load_queries(kw_u8 *qs, float *ws,
 /* Folds this thread's accumulators into per-(row, query) scores and
  * writes them: k_scale * sum_h w * relu(S) inside each query's window,
  * -inf elsewhere below the block's column limit. */
-template <int HP, int QB, bool PAGED, int PR>
+template <int HP, int QB>
 __device__ __forceinline__ void il_epilogue(
     const float *acc, const float *ws, const il_block<QB> &bk, const int *lo,
-    const int *hi, int t, const float *__restrict__ ksc,
-    const int *__restrict__ bt, float *__restrict__ out)
+    const int *hi, int t, const float *sc, float *__restrict__ out)
 {
     const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-    constexpr int P = PR > 0 ? PR : 1;
-    const int r0 = t * IL_TILE + 16 * (threadIdx.x >> 5) + g;
+    const int rt = 16 * (threadIdx.x >> 5) + g, r0 = t * IL_TILE + rt;
 #pragma unroll
     for (int qq = 0; qq < QB; qq++) {
         float s0 = 0.0f, s1 = 0.0f;
@@ -404,11 +430,8 @@ __device__ __forceinline__ void il_epilogue(
             if (n >= bk.limit)
                 continue;
             float v = -__int_as_float(0x7f800000);
-            if (n >= lo[qq] && n < hi[qq]) {
-                float sc = PAGED ? ksc[(long long)bt[n / P] * P + n % P]
-                                 : ksc[n];
-                v = (e ? s1 : s0) * sc;
-            }
+            if (n >= lo[qq] && n < hi[qq])
+                v = (e ? s1 : s0) * sc[rt + 8 * e];
             o[n] = v;
         }
     }
@@ -431,7 +454,9 @@ __device__ __forceinline__ void il_fill(const il_block<QB> &bk, int c0,
  * stride, logits); decode: (q, w, k_pages, k_scale_pages, block_table,
  * row_end, num_reqs, width, max_rows, logits); see kw_kernels.h. */
 template <int H, int D, bool PAGED, int PR, int NEXT_N>
-__global__ void __launch_bounds__(IL_THREADS, 1) kw_k_indexer_logits(
+__global__ void __launch_bounds__(
+    IL_THREADS, il_qb(H, PAGED, NEXT_N) * il_hp(H) <= 128 ? 2 : 1)
+    kw_k_indexer_logits(
     const kw_u8 *__restrict__ q, const float *__restrict__ w,
     const kw_u8 *__restrict__ k, const float *__restrict__ ksc,
     const int *__restrict__ ia, const int *__restrict__ ib, int x, int y,
@@ -443,9 +468,11 @@ __global__ void __launch_bounds__(IL_THREADS, 1) kw_k_indexer_logits(
     extern __shared__ __align__(128) kw_u8 il_smem[];
     __shared__ int lo[QB], hi[QB];
     kw_u8 *qs = il_smem;
-    float *ws = (float *)(il_smem + NQ * D + S * IL_TILE * D);
+    float *ws = (float *)(il_smem + NQ * D + S * IL_TILE * (D + 4));
+    const float *scs = (const float *)(il_smem + NQ * D + S * IL_TILE * D);
     const unsigned kbase =
         (unsigned)__cvta_generic_to_shared(il_smem + NQ * D);
+    const unsigned sbase = kbase + S * IL_TILE * D;
     il_block<QB> bk;
     const int *bt = ia;
     if (PAGED) {
@@ -500,7 +527,8 @@ __global__ void __launch_bounds__(IL_THREADS, 1) kw_k_indexer_logits(
     for (int s = 0; s < S - 1; s++) {
         if (s < nt)
             il_load_tile<D, PAGED, PR>(kbase + s * IL_TILE * D,
-                                       tlo + s * tstep, bk.hi, k, bt);
+                                       sbase + s * IL_TILE * 4,
+                                       tlo + s * tstep, bk.hi, k, ksc, bt);
         il_cp_commit();
     }
 #pragma unroll 1
@@ -508,7 +536,8 @@ __global__ void __launch_bounds__(IL_THREADS, 1) kw_k_indexer_logits(
         const int ld = i + S - 1, st = i % S, t = tlo + i * tstep;
         if (ld < nt)
             il_load_tile<D, PAGED, PR>(kbase + (ld % S) * IL_TILE * D,
-                                       tlo + ld * tstep, bk.hi, k, bt);
+                                       sbase + (ld % S) * IL_TILE * 4,
+                                       tlo + ld * tstep, bk.hi, k, ksc, bt);
         il_cp_commit();
         il_cp_wait<S - 1>();
 #if IL_WGMMA
@@ -536,7 +565,7 @@ __global__ void __launch_bounds__(IL_THREADS, 1) kw_k_indexer_logits(
         il_mma_warp<NQ, D>(acc, kbytes + st * IL_TILE * D, qs,
                            16 * (threadIdx.x >> 5));
 #endif
-        il_epilogue<HP, QB, PAGED, PR>(acc, ws, bk, lo, hi, t, ksc, bt, out);
+        il_epilogue<HP, QB>(acc, ws, bk, lo, hi, t, scs + st * IL_TILE, out);
         __syncthreads();
     }
     (void)kbytes;
