@@ -10,10 +10,12 @@
 #                    interleaves 1 and 16, every rank
 #   bench.log/json   bench_kernels (production sizes vs copy bandwidth)
 #   topk.log/json    dcp_stable_topk vs torch.topk + stable tie-break
+#   indexer.log/json indexer_logits / indexer_topk vs _scaled_mm, torch,
+#                    Triton and torch.topk; QGMMA count of the prefill cubin
 set -uo pipefail
 BUILD=${BUILD:-build-gpu}
 OUT=${OUT:-gpu-out}
-mkdir -p "$OUT" /tmp/deps /tmp/kw-dump
+mkdir -p "$OUT" /tmp/deps /tmp/kw-dump /tmp/kw-idx
 for f in .gpu/*.deb; do dpkg -x "$f" /tmp/deps; done
 export LD_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 status=0
@@ -46,4 +48,8 @@ grep -c "0 failed" "$OUT/verify.log"
 cat "$OUT/bench.log"
 python3 bench/topk_torch.py /tmp/kw-dump --json "$OUT/topk.json" > "$OUT/topk.log" 2>&1 || status=1
 cat "$OUT/topk.log"
+"$BUILD/bench_indexer" /tmp/kw-idx > "$OUT/indexer.log" 2>&1 || status=1
+echo "QGMMA: $(cuobjdump --dump-sass /tmp/kw-idx/logits_prefill.cubin | grep -c QGMMA)" >> "$OUT/indexer.log"
+python3 bench/indexer_bench.py /tmp/kw-idx --json "$OUT/indexer.json" >> "$OUT/indexer.log" 2>&1 || status=1
+cat "$OUT/indexer.log"
 exit $status
