@@ -6,8 +6,10 @@
 #               embedded default (DeepSeek-V3.2) through it, fetch one
 #               kernel, print the stats, stop the daemon
 #   make test   the same set-up, then every test, in a normal build and in
-#               an ASan/UBSan build, then each libFuzzer harness of
-#               tests/fuzz/ for FUZZ_SECONDS (when clang has libFuzzer)
+#               an ASan/UBSan build, the Python client installed with pip
+#               into a temporary venv and tested against kwarmd, then each
+#               libFuzzer harness of tests/fuzz/ for FUZZ_SECONDS (when
+#               clang has libFuzzer)
 
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
@@ -18,6 +20,9 @@ FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 20
 
 PREFIX     ?= /usr/local
+# Debian's python3 (the venv of make test needs python3-venv, and builds
+# the client with Debian's setuptools and wheel: nothing is downloaded).
+PYTHON     ?= /usr/bin/python3
 
 .PHONY: all deps build build-asan run test clean install
 
@@ -44,6 +49,14 @@ test: build build-asan
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
 	@echo "== tests under ASan/UBSan ($(ASAN_BUILD))"
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j$(JOBS)
+	@echo "== Python client: pip install into a temporary venv, tests against kwarmd"
+	@v=$$(mktemp -d /tmp/kwarm-venv.XXXXXX) && \
+	  cp -r client/python $$v/src && \
+	  $(PYTHON) -m venv --system-site-packages $$v/env && \
+	  $$v/env/bin/python -m pip install -q --no-build-isolation --no-index $$v/src && \
+	  KWARMD=$(abspath $(BUILD))/kwarmd $$v/env/bin/python -m unittest discover \
+	    -s tests/python -t tests/python -v; \
+	  s=$$?; rm -rf $$v; exit $$s
 	@if echo 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n);' \
 	     'int LLVMFuzzerTestOneInput(const char *d, unsigned long n)' \
 	     '{ (void)d; (void)n; return 0; }' | \
