@@ -1,0 +1,286 @@
+/* compile.c: flights: the table by digest, the compile threads, the store.
+ *
+ * A compile thread takes the oldest queued flight, asks the fleet tier,
+ * else compiles it in a worker process, stores the result with one put and
+ * writes it back to the fleet, then takes the flight out of the table and
+ * serves every waiter.  The flight leaves the table only after the put, so
+ * a request arriving meanwhile either joins it or finds the entry cached.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kw_err.h"
+
+/* ---- the table (w->mu held) ------------------------------------------- */
+
+#define TABLE_MIN 1024u
+
+/* The bucket of a digest: its first 8 bytes are uniform already. */
+static size_t bucket(const kw_warm *w, const uint8_t *digest)
+{
+    uint64_t h;
+    memcpy(&h, digest, sizeof h);
+    return (size_t)h & (w->table_cap - 1);
+}
+
+int kw__warm_table_init(kw_warm *w)
+{
+    w->table = calloc(TABLE_MIN, sizeof *w->table);
+    w->table_cap = TABLE_MIN;
+    return w->table != NULL ? 0 : KW_ENOMEM;
+}
+
+flight *kw__warm_table_find(kw_warm *w, const uint8_t *digest)
+{
+    for (flight *f = w->table[bucket(w, digest)]; f != NULL; f = f->next_h)
+        if (memcmp(f->key.digest, digest, KW_KEYS_DIGEST_LEN) == 0)
+            return f;
+    return NULL;
+}
+
+/* Doubles the table when it is fuller than one flight per bucket; keeps
+ * the old one when memory is short (chains just get longer). */
+static void table_grow(kw_warm *w)
+{
+    size_t cap = w->table_cap * 2;
+    flight **t = calloc(cap, sizeof *t);
+    if (t == NULL)
+        return;
+    flight **old = w->table;
+    size_t oldcap = w->table_cap;
+    w->table = t;
+    w->table_cap = cap;
+    for (size_t i = 0; i < oldcap; i++)
+        for (flight *f = old[i], *next; f != NULL; f = next) {
+            next = f->next_h;
+            size_t b = bucket(w, f->key.digest);
+            f->next_h = t[b];
+            t[b] = f;
+        }
+    free(old);
+}
+
+static void table_remove(kw_warm *w, flight *f)
+{
+    for (flight **p = &w->table[bucket(w, f->key.digest)]; *p; p = &(*p)->next_h)
+        if (*p == f) {
+            *p = f->next_h;
+            w->ntable--;
+            return;
+        }
+}
+
+flight *kw__warm_flight_new(kw_warm *w, const kw_keys_key *k)
+{
+    flight *f = calloc(1, sizeof *f);
+    if (f == NULL)
+        return NULL;
+    f->key = *k;
+    if (w->ntable >= w->table_cap)
+        table_grow(w);
+    size_t b = bucket(w, k->digest);
+    f->next_h = w->table[b];
+    w->table[b] = f;
+    w->ntable++;
+    if (w->q_tail != NULL)
+        w->q_tail->next_q = f;
+    else
+        w->q_head = f;
+    w->q_tail = f;
+    w->nqueued++;
+    pthread_cond_signal(&w->compile_cv);
+    return f;
+}
+
+/* ---- one flight ------------------------------------------------------- */
+
+/* The metadata stored beside a compiled key (the one place it is built). */
+static void fill_info(kw_cache_info *info, const kw_keys_key *k,
+                      const kw__pool_result *r)
+{
+    int major = 0, minor = 0;
+    memset(info, 0, sizeof *info);
+    kw_jit_version(&major, &minor);
+    snprintf(info->family, sizeof info->family, "%s",
+             kw_keys_family_name(k->family));
+    info->nfields = (uint32_t)kw_keys_nfields(k->family);
+    memcpy(info->fields, k->fields, info->nfields * sizeof k->fields[0]);
+    snprintf(info->arch, sizeof info->arch, "%s", k->arch);
+    snprintf(info->entry, sizeof info->entry, "%s", r->entry);
+    snprintf(info->nvrtc, sizeof info->nvrtc, "%d.%d", major, minor);
+    info->compile_seconds = r->seconds;
+}
+
+/* What a flight came to: a status for its waiters, a code and a log. */
+typedef struct outcome {
+    kw_warm_status status;
+    int rc;
+    char *log; /* malloc'd or NULL */
+} outcome;
+
+/* kw_remote_stop_fn: a wait on another node's lease ends on stop. */
+static bool is_stopping(void *arg)
+{
+    kw_warm *w = arg;
+    return atomic_load(&w->stopping_flag);
+}
+
+/* Stores a compiled cubin; on failure the outcome carries the cache's
+ * reason.  The cache's persistent counters follow warm's meaning. */
+static void store(kw_warm *w, flight *f, kw__pool_result *r, outcome *out,
+                  kw_cache_info *info)
+{
+    bool stored = false;
+    fill_info(info, &f->key, r);
+    if (f->purge)
+        kw_cache_flush(w->o.cache); /* removes the corrupt copy first */
+    int rc = kw_cache_put(w->o.cache, f->key.digest, info, r->cubin,
+                          r->cubin_len, false, &stored);
+    if (rc == 0) {
+        atomic_fetch_add(&w->st.compiles, 1);
+        kw_cache_count(w->o.cache, KW_CACHE_COMPILES, 1);
+        out->status = KW_WARM_COMPILED;
+        return;
+    }
+    atomic_fetch_add(&w->st.store_failures, 1);
+    const char *why = kw_cache_last_error(w->o.cache);
+    size_t n = strlen(why) + 64;
+    if ((out->log = malloc(n)) != NULL)
+        snprintf(out->log, n, "store: %s%s%s", kw_strerror(rc),
+                 why[0] ? ": " : "", why);
+    out->status = KW_WARM_FAILED;
+    out->rc = rc;
+}
+
+/* Fetches, or compiles and stores, flight f (no lock held). */
+static void run_flight(kw_warm *w, flight *f, outcome *out)
+{
+    kw_remote_lease lease;
+    kw_remote *remote = w->o.remote;
+    *out = (outcome){KW_WARM_FAILED, 0, NULL};
+    if (remote != NULL &&
+        kw_remote_begin(remote, w->o.cache, f->key.digest, is_stopping, w,
+                        &lease) == 0) {
+        atomic_fetch_add(&w->st.remote_hits, 1);
+        out->status = KW_WARM_REMOTE_HIT;
+        return;
+    }
+    kw__pool_result r = {0};
+    kw_cache_info info = {0};
+    atomic_fetch_add(&w->st.compiling, 1);
+    int rc = is_stopping(w) ? -ECANCELED : kw__pool_compile(w->pool, &f->key, &r);
+    atomic_fetch_sub(&w->st.compiling, 1);
+    if (rc == 0) {
+        store(w, f, &r, out, &info);
+    } else if (rc == -ECANCELED) {
+        out->status = KW_WARM_CANCELLED;
+    } else {
+        atomic_fetch_add(&w->st.compile_failures, 1);
+        kw_cache_count(w->o.cache, KW_CACHE_COMPILE_FAILURES, 1);
+        out->rc = rc;
+        out->log = r.log;
+        r.log = NULL;
+    }
+    if (remote != NULL)
+        kw_remote_end(remote, &lease, &info,
+                      out->status == KW_WARM_COMPILED ? r.cubin : NULL,
+                      out->status == KW_WARM_COMPILED ? r.cubin_len : 0);
+    kw__pool_result_destroy(&r);
+}
+
+/* True when every waiter's job was cancelled: nobody wants the result. */
+static bool unwanted(const flight *f)
+{
+    for (const waiter *wt = f->waiters; wt != NULL; wt = wt->next)
+        if (!atomic_load(&wt->job->cancelled))
+            return false;
+    return true;
+}
+
+/* Takes f out of the table (unless already out) and serves every waiter
+ * with the outcome. */
+static void finish(kw_warm *w, flight *f, bool in_table, const outcome *o)
+{
+    pthread_mutex_lock(&w->mu);
+    if (in_table)
+        table_remove(w, f);
+    waiter *list = f->waiters;
+    f->waiters = NULL;
+    pthread_mutex_unlock(&w->mu);
+    while (list != NULL) {
+        waiter *next = list->next;
+        kw_warm_job *job = list->job;
+        kw__warm_deliver(w, job, list->index, o->status, o->rc, o->log,
+                         next != NULL);
+        kw_warm_job_release(job); /* the waiter's reference */
+        free(list);
+        list = next;
+    }
+    free(f);
+}
+
+/* Stopping: takes the whole queue (w->mu held, released on return) and
+ * reports every waiter cancelled, in one run per job where possible, so a
+ * streaming caller sends few frames for 100,000 cancelled keys. */
+static void cancel_queue(kw_warm *w)
+{
+    flight *list = w->q_head;
+    w->q_head = w->q_tail = NULL;
+    w->nqueued = 0;
+    for (flight *f = list; f != NULL; f = f->next_q)
+        table_remove(w, f);
+    pthread_mutex_unlock(&w->mu);
+    while (list != NULL) {
+        flight *f = list;
+        list = f->next_q;
+        for (waiter *wt = f->waiters, *next; wt != NULL; wt = next) {
+            next = wt->next;
+            bool more = next != NULL || (list != NULL && list->waiters != NULL &&
+                                         list->waiters->job == wt->job);
+            kw__warm_deliver(w, wt->job, wt->index, KW_WARM_CANCELLED,
+                             -ECANCELED, NULL, more);
+            kw_warm_job_release(wt->job);
+            free(wt);
+        }
+        free(f);
+    }
+}
+
+void *kw__warm_compile_main(void *arg)
+{
+    kw_warm *w = arg;
+    pthread_mutex_lock(&w->mu);
+    for (;;) {
+        while (w->q_head == NULL && !w->stopping)
+            pthread_cond_wait(&w->compile_cv, &w->mu);
+        if (w->stopping && w->q_head != NULL) {
+            cancel_queue(w);
+            pthread_mutex_lock(&w->mu);
+            continue;
+        }
+        flight *f = w->q_head;
+        if (f == NULL)
+            break; /* stopping and drained */
+        w->q_head = f->next_q;
+        if (w->q_head == NULL)
+            w->q_tail = NULL;
+        w->nqueued--;
+        /* Out of the table now when nobody will get a compile, so a key
+         * submitted later starts a new flight instead of joining this. */
+        bool skip = w->stopping || unwanted(f);
+        if (skip)
+            table_remove(w, f);
+        pthread_mutex_unlock(&w->mu);
+        outcome o = {KW_WARM_CANCELLED, -ECANCELED, NULL};
+        if (!skip)
+            run_flight(w, f, &o);
+        finish(w, f, !skip, &o);
+        free(o.log);
+        pthread_mutex_lock(&w->mu);
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}

@@ -1,0 +1,93 @@
+/* internal.h: what warm/'s own files share (kw__warm_; not API). */
+#ifndef KW_WARM_INTERNAL_H
+#define KW_WARM_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "kw_warm.h"
+#include "pool.h"
+
+/* One key of one job waiting on a flight. */
+typedef struct waiter {
+    kw_warm_job *job; /* holds a reference until served */
+    size_t index;
+    struct waiter *next;
+} waiter;
+
+/* One missing key being fetched or compiled, and everyone waiting on it.
+ * Lives in the table from creation until its result is taken. */
+typedef struct flight {
+    kw_keys_key key;
+    waiter *waiters;     /* guarded by w->mu */
+    bool purge;          /* a waiter saw a corrupt entry (KW_WARM_PURGE) */
+    struct flight *next_q; /* compile queue, guarded by w->mu */
+    struct flight *next_h; /* table chain, guarded by w->mu */
+} flight;
+
+struct kw_warm_job {
+    kw_keys_key *keys; /* owned copy */
+    size_t n;
+    unsigned flags;
+    kw_warm_result_fn fn;
+    void *arg;
+    kw_cache_guard *guard; /* KW_WARM_PROTECT: released after the last */
+    pthread_mutex_t cb_mu; /* held while fn runs; guards remaining */
+    size_t remaining;      /* results still to deliver */
+    _Atomic int refs;      /* pipeline, caller's handle, intake, waiters */
+    _Atomic bool cancelled;
+    kw_warm_job *next;     /* intake queue, guarded by w->mu */
+};
+
+typedef struct warm_counters {
+    _Atomic uint64_t keys, hits, misses, joined, remote_hits, compiles,
+        compile_failures, store_failures, cancelled, compiling;
+} warm_counters;
+
+struct kw_warm {
+    kw_warm_opts o;
+    kw__pool *pool;
+    /* mu guards: intake_head/tail, q_head/q_tail/nqueued, table, ntable,
+     * table_cap, stopping, jobs_active. */
+    pthread_mutex_t mu;
+    pthread_cond_t intake_cv;  /* a job queued, or stopping */
+    pthread_cond_t compile_cv; /* a flight queued, or stopping */
+    pthread_cond_t idle_cv;    /* jobs_active fell to 0 */
+    kw_warm_job *intake_head, *intake_tail;
+    flight *q_head, *q_tail;
+    size_t nqueued;
+    flight **table;
+    size_t ntable, table_cap; /* a power of two */
+    bool stopping;
+    _Atomic bool stopping_flag; /* stopping, readable without mu */
+    size_t jobs_active;
+    pthread_t intake;
+    bool have_intake;
+    pthread_t *compilers;
+    unsigned ncompilers;
+    warm_counters st;
+};
+
+/* Calls job's callback for key i (st, rc, log), serialized per job; the
+ * last one releases the pipeline's reference.  Any warm thread; never with
+ * w->mu held. */
+void kw__warm_deliver(kw_warm *w, kw_warm_job *job, size_t i,
+                      kw_warm_status st, int rc, const char *log, bool more);
+
+/* The digests of n keys as one array (malloc'd; NULL when out of
+ * memory), the form cache/ takes. */
+uint8_t (*kw__warm_digests(const kw_keys_key *keys, size_t n))[KW_KEYS_DIGEST_LEN];
+
+/* The flight table (compile.c), w->mu held for each. */
+int kw__warm_table_init(kw_warm *w);
+flight *kw__warm_table_find(kw_warm *w, const uint8_t *digest);
+/* A new flight for k, in the table and at the tail of the compile queue;
+ * NULL when out of memory. */
+flight *kw__warm_flight_new(kw_warm *w, const kw_keys_key *k);
+
+/* A compile thread's main: takes flights until stopping and drained. */
+void *kw__warm_compile_main(void *arg);
+
+#endif /* KW_WARM_INTERNAL_H */

@@ -1,0 +1,167 @@
+/* kw_warm.h: the warm pipeline (prefix kw_warm_).
+ *
+ * The one path from compile keys to cached cubins, used by kwarmd and by
+ * `kwarm prewarm` alike.  For each key of a job:
+ *
+ *   1. local lookup in the LMDB cache (cache/): a hit is reported at once;
+ *   2. a miss joins the key's flight if one is under way (single-flight,
+ *      found through a hash table keyed by digest, constant time per key),
+ *      or starts one;
+ *   3. a flight first asks the fleet tier (cache/kw_remote.h) when one is
+ *      configured: an entry there is backfilled locally ("remote hit");
+ *   4. otherwise it is compiled by a worker process (warm/pool.h: the
+ *      kwarm-compile helper, with a time and a memory limit), stored by one
+ *      put (blob, metadata, checksum) and written back to the fleet tier;
+ *   5. every key gets exactly one result: hit, remote hit, compiled, failed
+ *      (with the code and the NVRTC log or the worker's reason) or
+ *      cancelled (the pipeline or the job was stopped first).
+ *
+ * Results are delivered by calling the job's callback on one of warm's own
+ * threads.  Callbacks of one job never run concurrently and the one with
+ * `last` set is the job's final call, so a job's owner needs no lock for
+ * the job's own state.  A callback must be short and must not call into
+ * the same kw_warm except kw_warm_stats().
+ *
+ * Counters (kw_warm_stats) have one meaning each; README.md lists them.
+ *
+ * Threads: kw_warm_open() starts one intake thread (lookups) and `jobs`
+ * compile threads, each driving one worker process at a time.  Every
+ * function is thread-safe unless noted.
+ */
+#ifndef KW_WARM_H
+#define KW_WARM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kw_cache.h"
+#include "kw_keys.h"
+#include "kw_remote.h"
+
+#define KW_WARM_LOG_MAX (64u * 1024u) /* NVRTC log bytes kept per failure */
+
+typedef struct kw_warm kw_warm;
+typedef struct kw_warm_job kw_warm_job;
+
+typedef struct kw_warm_opts {
+    kw_cache *cache;     /* borrowed; must outlive the kw_warm */
+    kw_remote *remote;   /* borrowed fleet tier, or NULL */
+    unsigned jobs;       /* compile worker processes; 0: the cores */
+    unsigned compile_timeout_ms; /* per compile; 0: 120 s */
+    uint64_t mem_limit;  /* bytes per worker; 0: 4 GiB */
+    const char *helper;  /* kwarm-compile; NULL: found beside the program */
+    bool verify_hits;    /* a hit is read and its checksum verified (a
+                            corrupt entry is removed and compiled again);
+                            else a hit is the entry's existence */
+} kw_warm_opts;
+
+typedef enum kw_warm_status {
+    KW_WARM_HIT,        /* in the local cache */
+    KW_WARM_REMOTE_HIT, /* fetched from the fleet tier, now local */
+    KW_WARM_COMPILED,   /* compiled and stored */
+    KW_WARM_FAILED,     /* rc and log say why */
+    KW_WARM_CANCELLED,  /* not attempted: the pipeline or job stopped */
+} kw_warm_status;
+
+/* "hit", "remote_hit", "compiled", "failed", "cancelled". */
+const char *kw_warm_status_name(kw_warm_status s);
+
+/* One key's result, borrowed for the callback's duration. */
+typedef struct kw_warm_result {
+    kw_warm_job *job;      /* the job (kw_warm_job_cancel() may be
+                              called on it from the callback) */
+    size_t index;          /* the key's index in the job */
+    const kw_keys_key *key;
+    kw_warm_status status;
+    int rc;                /* KW_WARM_FAILED: the code; else 0 */
+    const char *log;       /* KW_WARM_FAILED: the NVRTC log (at most
+                              KW_WARM_LOG_MAX bytes) or the reason; or NULL */
+    bool last;             /* the job's final result */
+    bool more;             /* another result of this job follows at once
+                              from the same thread: a streaming caller can
+                              batch until it sees more == false */
+} kw_warm_result;
+
+typedef void (*kw_warm_result_fn)(const kw_warm_result *r, void *arg);
+
+/* Job flags. */
+#define KW_WARM_PURGE 1u   /* the caller saw a corrupt entry: purge pending
+                              removals (kw_cache_flush) before storing */
+#define KW_WARM_PROTECT 2u /* no put of any job evicts this job's entries
+                              while it runs (kw_cache_protect) */
+
+/* Counters since kw_warm_open(), and gauges of what runs now. */
+typedef struct kw_warm_stats {
+    uint64_t keys;            /* keys submitted */
+    uint64_t hits;            /* found in the local cache */
+    uint64_t misses;          /* not found locally (= joined + flights) */
+    uint64_t joined;          /* misses that joined a flight under way */
+    uint64_t remote_hits;     /* flights the fleet tier resolved */
+    uint64_t compiles;        /* flights compiled and stored */
+    uint64_t compile_failures;/* flights whose compile failed */
+    uint64_t store_failures;  /* compiled, but the put failed */
+    uint64_t cancelled;       /* keys reported cancelled */
+    uint64_t queued;          /* gauge: flights waiting for a worker */
+    uint64_t compiling;       /* gauge: flights on a worker now */
+    uint64_t jobs_active;     /* gauge: jobs with results still to come */
+} kw_warm_stats;
+
+/* Starts the pipeline: the worker processes (a missing or unusable helper
+ * fails here with the reason in err, never later) and warm's threads.
+ * Returns 0 and *out, or a negative code; *out untouched on error. */
+int kw_warm_open(kw_warm **out, const kw_warm_opts *o, char *err,
+                 size_t errlen);
+
+/* Submits keys[0..n) (copied; n >= 1).  fn(result, arg) is called once per key
+ * on warm's threads, never inside this call.  *job (may be NULL) gets a
+ * handle for kw_warm_job_cancel(), which the caller must give back with
+ * kw_warm_job_release() (before or after the last callback).  Returns 0,
+ * KW_EINVAL (n is 0), KW_ENOMEM, or -ECANCELED once stopping. */
+int kw_warm_submit(kw_warm *w, const kw_keys_key *keys, size_t n,
+                   unsigned flags, kw_warm_result_fn fn, void *arg,
+                   kw_warm_job **job);
+
+/* Cancels what of job is not yet compiling: its remaining keys are
+ * reported cancelled (a flight others wait for still runs for them).
+ * Harmless after the job's last callback. */
+void kw_warm_job_cancel(kw_warm_job *job);
+
+/* Gives back the handle kw_warm_submit() returned.  NULL is a no-op. */
+void kw_warm_job_release(kw_warm_job *job);
+
+/* Begins stopping, without waiting: new submits fail, running worker
+ * processes are killed, every key not yet settled is reported cancelled,
+ * promptly (well under a second for 100,000 queued keys).  Callbacks keep
+ * coming until every job got its last; kw_warm_close() waits for that. */
+void kw_warm_cancel(kw_warm *w);
+
+/* Counters and gauges now. */
+void kw_warm_stats_get(kw_warm *w, kw_warm_stats *out);
+
+/* Cancels (as kw_warm_cancel), waits for every job's final callback, joins
+ * the threads, reaps the workers and frees w.  NULL is a no-op. */
+void kw_warm_close(kw_warm *w);
+
+/* Checks, before anything is written, that the keys can fit in the
+ * cache beside what is pinned: fails when the bytes of the keys already
+ * cached plus the pinned (and protected) bytes of other entries exceed the
+ * limit.  Returns 0, or KW_ENOSPC with a message in err naming the bytes
+ * needed and how to raise the limit; KW_ENOMEM; KW_ECACHE. */
+int kw_warm_plan_check(kw_cache *c, const kw_keys_key *keys, size_t n,
+                       char *err, size_t errlen);
+
+/* Records the digests of keys as the pin set name (kw_cache_pin_set).
+ * Returns 0 or the cache's code, with a message in err. */
+int kw_warm_pin(kw_cache *c, const char *name, const kw_keys_key *keys,
+                size_t n, char *err, size_t errlen);
+
+/* The fleet tier of a URL and key file, as kwarmd's and prewarm's
+ * --remote / --remote-key-file take them.  The password comes from the
+ * key file, else $KWARM_REMOTE_PASSWORD.  url NULL or "": *out = NULL and
+ * 0.  Returns 0 or a code with a one-line reason naming the flag in err. */
+int kw_warm_remote_open(kw_remote **out, const char *url, const char *key_file,
+                        unsigned timeout_ms, unsigned lease_ms, char *err,
+                        size_t errlen);
+
+#endif /* KW_WARM_H */

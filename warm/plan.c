@@ -1,0 +1,47 @@
+/* plan.c: what a warm must check and record in the cache around a job:
+ * room beside the pinned entries before anything is written, and the
+ * deployment's pin set after. */
+#include "internal.h"
+
+#include <stdlib.h>
+
+#include "kw_err.h"
+
+int kw_warm_plan_check(kw_cache *c, const kw_keys_key *keys, size_t n,
+                       char *err, size_t errlen)
+{
+    kw_cache_plan p;
+    uint8_t (*d)[KW_KEYS_DIGEST_LEN] = kw__warm_digests(keys, n);
+    int rc = d ? kw_cache_plan_get(c, (const uint8_t (*)[32])d, n, &p)
+               : KW_ENOMEM;
+    free(d);
+    if (rc < 0) {
+        snprintf(err, errlen, "cache: %s", kw_strerror(rc));
+        return rc;
+    }
+    uint64_t need = p.present_bytes + p.held_bytes;
+    if (need <= p.max_size)
+        return 0;
+    snprintf(err, errlen, "the deployment does not fit in the cache: its %llu "
+             "cached entries (%llu bytes) and %llu bytes pinned by others need "
+             "more than the limit of %llu bytes, before its %llu missing keys; "
+             "raise the limit (kwarm resize --cache DIR SIZE) or unpin an old "
+             "deployment (kwarm unpin NAME)",
+             (unsigned long long)p.present, (unsigned long long)p.present_bytes,
+             (unsigned long long)p.held_bytes, (unsigned long long)p.max_size,
+             (unsigned long long)(n - p.present));
+    return KW_ENOSPC;
+}
+
+int kw_warm_pin(kw_cache *c, const char *name, const kw_keys_key *keys,
+                size_t n, char *err, size_t errlen)
+{
+    uint8_t (*d)[KW_KEYS_DIGEST_LEN] = kw__warm_digests(keys, n);
+    int rc = d ? kw_cache_pin_set(c, name, (const uint8_t (*)[32])d, n)
+               : KW_ENOMEM;
+    free(d);
+    if (rc < 0)
+        snprintf(err, errlen, "--pin %s: %s%s%s", name, kw_strerror(rc),
+                 kw_cache_last_error(c)[0] ? ": " : "", kw_cache_last_error(c));
+    return rc;
+}

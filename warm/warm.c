@@ -1,0 +1,363 @@
+/* warm.c: the warm pipeline's queues, threads and result delivery.
+ *
+ * One mutex (w->mu) guards the intake queue of jobs, the compile queue of
+ * flights, the flight table and `stopping`.  It is never held across a
+ * cache, fleet or worker call, nor across a callback.  Each job has its own
+ * cb_mu, held while its callback runs, which serializes the callbacks of
+ * one job and makes `last` truly the last.
+ */
+#include "kw_warm.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "kw_err.h"
+
+const char *kw_warm_status_name(kw_warm_status s)
+{
+    static const char *const names[] = {"hit", "remote_hit", "compiled",
+                                        "failed", "cancelled"};
+    return (unsigned)s < sizeof names / sizeof *names ? names[s] : "?";
+}
+
+/* ---- jobs and delivery ------------------------------------------------ */
+
+/* Drops one reference to job; the last one frees it. */
+static void job_unref(kw_warm_job *job)
+{
+    if (atomic_fetch_sub(&job->refs, 1) != 1)
+        return;
+    kw_cache_unprotect(job->guard);
+    pthread_mutex_destroy(&job->cb_mu);
+    free(job->keys);
+    free(job);
+}
+
+void kw__warm_deliver(kw_warm *w, kw_warm_job *job, size_t i,
+                      kw_warm_status st, int rc, const char *log, bool more)
+{
+    kw_warm_result r = {.job = job, .index = i, .key = &job->keys[i], .status = st,
+                        .rc = st == KW_WARM_FAILED ? rc : 0,
+                        .log = st == KW_WARM_FAILED ? log : NULL,
+                        .more = more};
+    if (st == KW_WARM_CANCELLED)
+        atomic_fetch_add(&w->st.cancelled, 1);
+    pthread_mutex_lock(&job->cb_mu);
+    r.last = --job->remaining == 0;
+    job->fn(&r, job->arg);
+    pthread_mutex_unlock(&job->cb_mu);
+    if (!r.last)
+        return;
+    kw_cache_unprotect(job->guard); /* done: its entries are evictable */
+    job->guard = NULL;
+    pthread_mutex_lock(&w->mu);
+    if (--w->jobs_active == 0)
+        pthread_cond_broadcast(&w->idle_cv);
+    pthread_mutex_unlock(&w->mu);
+    job_unref(job); /* the pipeline's reference */
+}
+
+/* The digests of n keys as one array (malloc'd), as cache/ takes them. */
+uint8_t (*kw__warm_digests(const kw_keys_key *keys, size_t n))[KW_KEYS_DIGEST_LEN]
+{
+    uint8_t (*d)[KW_KEYS_DIGEST_LEN] = malloc((n ? n : 1) * sizeof *d);
+    for (size_t i = 0; d != NULL && i < n; i++)
+        memcpy(d[i], keys[i].digest, KW_KEYS_DIGEST_LEN);
+    return d;
+}
+
+/* Protects the digests of job's keys from eviction while it runs. */
+static int protect(kw_warm *w, kw_warm_job *job)
+{
+    uint8_t (*d)[KW_KEYS_DIGEST_LEN] = kw__warm_digests(job->keys, job->n);
+    int rc = d ? kw_cache_protect(w->o.cache, (const uint8_t (*)[32])d, job->n,
+                                  &job->guard)
+               : KW_ENOMEM;
+    free(d);
+    return rc;
+}
+
+int kw_warm_submit(kw_warm *w, const kw_keys_key *keys, size_t n,
+                   unsigned flags, kw_warm_result_fn fn, void *arg,
+                   kw_warm_job **out)
+{
+    if (n == 0)
+        return KW_EINVAL;
+    kw_warm_job *job = calloc(1, sizeof *job);
+    if (job == NULL || (job->keys = malloc(n * sizeof *keys)) == NULL) {
+        free(job);
+        return KW_ENOMEM;
+    }
+    memcpy(job->keys, keys, n * sizeof *keys);
+    job->n = job->remaining = n;
+    if ((flags & KW_WARM_PROTECT) && protect(w, job) < 0) {
+        free(job->keys);
+        free(job);
+        return KW_ENOMEM;
+    }
+    job->flags = flags;
+    job->fn = fn;
+    job->arg = arg;
+    pthread_mutex_init(&job->cb_mu, NULL);
+    atomic_init(&job->refs, out != NULL ? 2 : 1);
+    if (out != NULL)
+        *out = job; /* before any callback can run */
+    pthread_mutex_lock(&w->mu);
+    if (w->stopping) {
+        pthread_mutex_unlock(&w->mu);
+        if (out != NULL)
+            *out = NULL;
+        atomic_store(&job->refs, 1);
+        job_unref(job);
+        return -ECANCELED;
+    }
+    if (w->intake_tail != NULL)
+        w->intake_tail->next = job;
+    else
+        w->intake_head = job;
+    w->intake_tail = job;
+    w->jobs_active++;
+    atomic_fetch_add(&w->st.keys, n);
+    pthread_cond_signal(&w->intake_cv);
+    pthread_mutex_unlock(&w->mu);
+    return 0;
+}
+
+void kw_warm_job_cancel(kw_warm_job *job)
+{
+    atomic_store(&job->cancelled, true);
+}
+
+void kw_warm_job_release(kw_warm_job *job)
+{
+    if (job != NULL)
+        job_unref(job);
+}
+
+/* ---- intake: lookups, then flights ------------------------------------ */
+
+/* True when digest is in the local cache (verified when asked). */
+static bool lookup(kw_warm *w, const uint8_t *digest)
+{
+    if (!w->o.verify_hits)
+        return kw_cache_contains(w->o.cache, digest);
+    void *blob = NULL;
+    size_t len = 0;
+    int rc = kw_cache_get(w->o.cache, digest, &blob, &len, NULL);
+    free(blob);
+    return rc == 0;
+}
+
+/* Key i of job missed: joins its flight or starts one.  Returns false
+ * when stopping (the caller reports the key cancelled). */
+static bool to_flight(kw_warm *w, kw_warm_job *job, size_t i)
+{
+    waiter *wt = malloc(sizeof *wt);
+    if (wt == NULL)
+        return false;
+    *wt = (waiter){.job = job, .index = i};
+    atomic_fetch_add(&job->refs, 1); /* dropped when wt is served */
+    pthread_mutex_lock(&w->mu);
+    if (w->stopping) {
+        pthread_mutex_unlock(&w->mu);
+        atomic_fetch_sub(&job->refs, 1);
+        free(wt);
+        return false;
+    }
+    flight *f = kw__warm_table_find(w, job->keys[i].digest);
+    if (f != NULL) {
+        atomic_fetch_add(&w->st.joined, 1);
+    } else if ((f = kw__warm_flight_new(w, &job->keys[i])) == NULL) {
+        pthread_mutex_unlock(&w->mu);
+        atomic_fetch_sub(&job->refs, 1);
+        free(wt);
+        return false;
+    }
+    f->purge |= (job->flags & KW_WARM_PURGE) != 0;
+    wt->next = f->waiters;
+    f->waiters = wt;
+    pthread_mutex_unlock(&w->mu);
+    return true;
+}
+
+/* Results the intake settled and delivers in one run, so a streaming
+ * caller sees `more` until the run's end. */
+#define RUN_MAX 256
+typedef struct run {
+    size_t index[RUN_MAX];
+    kw_warm_status status[RUN_MAX];
+    size_t n;
+} run;
+
+static void run_flush(kw_warm *w, kw_warm_job *job, run *r)
+{
+    for (size_t j = 0; j < r->n; j++)
+        kw__warm_deliver(w, job, r->index[j], r->status[j], -ECANCELED, NULL,
+                         j + 1 < r->n);
+    r->n = 0;
+}
+
+static void run_add(kw_warm *w, kw_warm_job *job, run *r, size_t i,
+                    kw_warm_status st)
+{
+    r->index[r->n] = i;
+    r->status[r->n++] = st;
+    if (r->n == RUN_MAX)
+        run_flush(w, job, r);
+}
+
+/* Looks up every key of job, in order: hits (and keys cancelled before
+ * their lookup) are delivered in runs; misses go to flights. */
+static void intake_job(kw_warm *w, kw_warm_job *job, run *r)
+{
+    for (size_t i = 0; i < job->n; i++) {
+        if (atomic_load(&job->cancelled) || atomic_load(&w->stopping_flag)) {
+            run_add(w, job, r, i, KW_WARM_CANCELLED);
+            continue;
+        }
+        if (lookup(w, job->keys[i].digest)) {
+            atomic_fetch_add(&w->st.hits, 1);
+            run_add(w, job, r, i, KW_WARM_HIT);
+            continue;
+        }
+        atomic_fetch_add(&w->st.misses, 1);
+        if (!to_flight(w, job, i))
+            run_add(w, job, r, i, KW_WARM_CANCELLED);
+    }
+    run_flush(w, job, r);
+}
+
+/* The intake thread: one job at a time, in submission order. */
+static void *intake_main(void *arg)
+{
+    kw_warm *w = arg;
+    run r = {.n = 0}; /* 3 KiB of stack */
+    pthread_mutex_lock(&w->mu);
+    for (;;) {
+        while (w->intake_head == NULL && !w->stopping)
+            pthread_cond_wait(&w->intake_cv, &w->mu);
+        kw_warm_job *job = w->intake_head;
+        if (job == NULL)
+            break; /* stopping, nothing left */
+        w->intake_head = job->next;
+        if (w->intake_head == NULL)
+            w->intake_tail = NULL;
+        pthread_mutex_unlock(&w->mu);
+        atomic_fetch_add(&job->refs, 1); /* held while intake reads it */
+        intake_job(w, job, &r);
+        job_unref(job);
+        pthread_mutex_lock(&w->mu);
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+/* ---- life cycle ------------------------------------------------------- */
+
+static void warm_free(kw_warm *w)
+{
+    kw__pool_stop(w->pool);
+    free(w->compilers);
+    free(w->table);
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->intake_cv);
+    pthread_cond_destroy(&w->compile_cv);
+    pthread_cond_destroy(&w->idle_cv);
+    free(w);
+}
+
+/* Starts the intake thread and the compile threads. */
+static int start_threads(kw_warm *w)
+{
+    if (pthread_create(&w->intake, NULL, intake_main, w) != 0)
+        return KW_ENOMEM;
+    w->have_intake = true;
+    for (; w->ncompilers < w->o.jobs; w->ncompilers++)
+        if (pthread_create(&w->compilers[w->ncompilers], NULL,
+                           kw__warm_compile_main, w) != 0)
+            break;
+    return w->ncompilers > 0 ? 0 : KW_ENOMEM;
+}
+
+int kw_warm_open(kw_warm **out, const kw_warm_opts *o, char *err,
+                 size_t errlen)
+{
+    kw_warm *w = calloc(1, sizeof *w);
+    if (w == NULL)
+        return KW_ENOMEM;
+    w->o = *o;
+    if (w->o.jobs == 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        w->o.jobs = n > 0 ? (unsigned)n : 1;
+    }
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->intake_cv, NULL);
+    pthread_cond_init(&w->compile_cv, NULL);
+    pthread_cond_init(&w->idle_cv, NULL);
+    kw__pool_opts po = {.helper = o->helper, .jobs = w->o.jobs,
+                        .timeout_ms = o->compile_timeout_ms,
+                        .mem_limit = o->mem_limit};
+    int rc = kw__warm_table_init(w);
+    if (rc == 0 && (w->compilers = calloc(w->o.jobs, sizeof *w->compilers)) == NULL)
+        rc = KW_ENOMEM;
+    if (rc == 0)
+        rc = kw__pool_start(&w->pool, &po, err, errlen);
+    if (rc == 0 && (rc = start_threads(w)) < 0)
+        snprintf(err, errlen, "warm: cannot start threads");
+    if (rc < 0) {
+        kw_warm_close(w);
+        return rc;
+    }
+    *out = w;
+    return 0;
+}
+
+void kw_warm_cancel(kw_warm *w)
+{
+    pthread_mutex_lock(&w->mu);
+    bool first = !w->stopping;
+    w->stopping = true;
+    atomic_store(&w->stopping_flag, true);
+    pthread_cond_broadcast(&w->intake_cv);
+    pthread_cond_broadcast(&w->compile_cv);
+    pthread_mutex_unlock(&w->mu);
+    if (first && w->pool != NULL)
+        kw__pool_cancel(w->pool); /* running compiles return -ECANCELED */
+}
+
+void kw_warm_stats_get(kw_warm *w, kw_warm_stats *s)
+{
+    s->keys = atomic_load(&w->st.keys);
+    s->hits = atomic_load(&w->st.hits);
+    s->misses = atomic_load(&w->st.misses);
+    s->joined = atomic_load(&w->st.joined);
+    s->remote_hits = atomic_load(&w->st.remote_hits);
+    s->compiles = atomic_load(&w->st.compiles);
+    s->compile_failures = atomic_load(&w->st.compile_failures);
+    s->store_failures = atomic_load(&w->st.store_failures);
+    s->cancelled = atomic_load(&w->st.cancelled);
+    s->compiling = atomic_load(&w->st.compiling);
+    pthread_mutex_lock(&w->mu);
+    s->queued = w->nqueued;
+    s->jobs_active = w->jobs_active;
+    pthread_mutex_unlock(&w->mu);
+}
+
+void kw_warm_close(kw_warm *w)
+{
+    if (w == NULL)
+        return;
+    kw_warm_cancel(w);
+    if (w->have_intake)
+        pthread_join(w->intake, NULL);
+    for (unsigned i = 0; i < w->ncompilers; i++)
+        pthread_join(w->compilers[i], NULL);
+    /* Every job got its last callback: the intake reported its keys, the
+     * compile threads drained their queue before leaving. */
+    warm_free(w);
+}
