@@ -33,7 +33,9 @@ void kw_daemon_opts_init(kw_daemon_opts *o)
         snprintf(o->cache_dir, sizeof o->cache_dir, "%s/.cache/kwarm",
                  home ? home : "/tmp");
     long n = sysconf(_SC_NPROCESSORS_ONLN);
-    o->jobs = n > 0 ? (unsigned)n : 1;      /* compile threads: the cores */
+    o->jobs = n > 0 ? (unsigned)n : 1;      /* compile workers: the cores */
+    o->compile_timeout_ms = 120 * 1000;     /* a compile past it is killed */
+    o->compile_mem_limit = 4ull << 30;      /* address space of a worker */
     o->max_size = KW_CACHE_DEFAULT_SIZE;    /* 1 GiB of cubins */
     o->idle_timeout_ms = 60 * 1000;         /* silent clients go after 60 s */
     o->socket_mode = 0660;                  /* owner and group */
@@ -70,20 +72,48 @@ static void on_flush_timer(uv_timer_t *t)
         free(w);
 }
 
-static void on_compiler_stopped(void *arg)
+/* The end of a stop: everything a request could still post has been
+ * delivered; close the last handles, and the loop ends by itself. */
+static void finish_stop(kw__daemon *d)
 {
-    kw__daemon *d = arg;
-    d->compiler = NULL;
+    d->stopped = true;
+    KW_LOG(KW_LOG_DEBUG, "stop: requests over after %llu ms",
+           (unsigned long long)(uv_now(&d->loop) - d->stop_at));
+    kw__jobs_stop(d);       /* idle: every request taken has ended */
+    kw_warm_close(d->warm); /* every job got its last result */
+    d->warm = NULL;
+    uv_close((uv_handle_t *)&d->outbox, NULL);
+    uv_close((uv_handle_t *)&d->stop_timer, NULL);
 }
 
-/* SIGTERM/SIGINT: stop accepting, cancel queued compiles, finish running
- * ones, close every connection; the loop then ends by itself. */
+void kw__daemon_check_stop(kw__daemon *d)
+{
+    if (d->stopping && !d->stopped && d->nreqs == 0 && d->nconns == 0)
+        finish_stop(d);
+}
+
+/* The grace period is over: close what is still open.  Requests under way
+ * end as their (cancelled) results arrive. */
+static void on_stop_timer(uv_timer_t *t)
+{
+    kw__daemon *d = t->data;
+    KW_LOG(KW_LOG_WARNING, "stop: %zu connections still open after %d ms; "
+           "closing them", d->nconns, KW__STOP_GRACE_MS);
+    while (d->conns != NULL)
+        kw__conn_close(d->conns);
+}
+
+/* SIGTERM/SIGINT: stop accepting, cancel every key not yet compiled (the
+ * warm pipeline reports them cancelled, and kills running compiles), let
+ * each warmup send its last frames, close idle connections now and the
+ * others after their request's last frame (or after a grace period). */
 static void on_signal(uv_signal_t *s, int signum)
 {
     kw__daemon *d = s->data;
     if (d->stopping)
         return;
     d->stopping = true;
+    d->stop_at = uv_now(&d->loop);
     KW_LOG(KW_LOG_INFO, "signal %d: stopping", signum);
     sd_notify(0, "STOPPING=1\nSTATUS=stopping");
     uv_close((uv_handle_t *)&d->listener, NULL);
@@ -91,45 +121,27 @@ static void on_signal(uv_signal_t *s, int signum)
     uv_close((uv_handle_t *)&d->sigint, NULL);
     uv_close((uv_handle_t *)&d->flush_timer, NULL);
     uv_close((uv_handle_t *)&d->resume, NULL);
-    if (d->compiler != NULL)
-        kw__compiler_stop(d->compiler, on_compiler_stopped, d);
-    while (d->conns != NULL)
-        kw__conn_close(d->conns);
+    kw_warm_cancel(d->warm);
+    kw__jobs_cancel(d);
+    uv_timer_start(&d->stop_timer, on_stop_timer, KW__STOP_GRACE_MS, 0);
+    for (kw__conn *c = d->conns, *next; c != NULL; c = next) {
+        next = c->next;
+        if (c->active == NULL)
+            kw__conn_close(c);
+    }
+    kw__daemon_check_stop(d);
 }
 
-/* Opens the fleet tier of --remote (issue 6): the key file is checked
- * here, so a bad one stops kwarmd before it serves; a Redis that is down
- * is not an error (the tier reconnects with backoff).  The password comes
- * from the key file, else $KWARM_REMOTE_PASSWORD. */
+/* Opens the fleet tier of --remote (warm/remote.c checks the key file,
+ * so a bad one stops kwarmd before it serves). */
 static int open_remote(kw__daemon *d, char *err, size_t errlen)
 {
     const kw_daemon_opts *o = d->opts;
-    kw_remote_opts ro = {.timeout_ms = o->remote_timeout_ms,
-                         .lease_ms = o->remote_lease_ms};
-    const char *pw = getenv("KWARM_REMOTE_PASSWORD");
-    if (o->remote_url[0] == '\0')
-        return 0;
-    int rc = kw_remote_parse_url(o->remote_url, &ro.addr);
-    if (rc < 0)
-        snprintf(err, errlen, "--remote %s: not redis://HOST:PORT[/DB]", o->remote_url);
-    if (rc == 0 && o->remote_key_file[0] == '\0') {
-        snprintf(err, errlen, "--remote needs --remote-key-file");
-        rc = KW_EINVAL;
-    }
-    if (rc == 0)
-        rc = kw_remote_load_key(o->remote_key_file, &ro, err, errlen);
-    if (rc == 0 && ro.password[0] == '\0' && pw != NULL &&
-        snprintf(ro.password, sizeof ro.password, "%s", pw) >= (int)sizeof ro.password) {
-        snprintf(err, errlen, "$KWARM_REMOTE_PASSWORD: too long");
-        rc = KW_EINVAL;
-    }
-    if (rc == 0)
-        rc = kw_remote_open(&d->remote, &ro, err, errlen);
-    sodium_memzero(&ro, sizeof ro);
-    return rc;
+    return kw_warm_remote_open(&d->remote, o->remote_url, o->remote_key_file,
+                               o->remote_timeout_ms, o->remote_lease_ms, err,
+                               errlen);
 }
 
-/* Opens the cache and starts the compilers, listener, signals, timer. */
 /* Takes <cache>/kwarmd.lock (a POSIX write lock, held while the fd is
  * open): a second kwarmd on the same cache would double every compile and
  * fight over the size limit, so it is refused.  Prewarms may still share
@@ -151,18 +163,33 @@ static int lock_cache(kw__daemon *d, char *err, size_t errlen)
     return -e;
 }
 
+/* Starts the warm pipeline and its compile worker processes. */
+static int open_warm(kw__daemon *d, char *err, size_t errlen)
+{
+    const kw_daemon_opts *o = d->opts;
+    kw_warm_opts wo = {.cache = d->cache, .remote = d->remote, .jobs = o->jobs,
+                       .compile_timeout_ms = o->compile_timeout_ms,
+                       .mem_limit = o->compile_mem_limit,
+                       .helper = o->compile_helper[0] ? o->compile_helper : NULL};
+    return kw_warm_open(&d->warm, &wo, err, errlen);
+}
+
 static int start(kw__daemon *d, char *err, size_t errlen)
 {
     const kw_daemon_opts *o = d->opts;
-    kw_cache_opts co = {.dir = o->cache_dir, .max_size = o->max_size};
+    kw_cache_opts co = {.dir = o->cache_dir, .max_size = o->max_size,
+                        .defer_writes = true};
     int rc = open_remote(d, err, errlen);
     if (rc == 0)
         rc = kw_cache_open(&d->cache, &co, err, errlen);
     if (rc == 0)
         rc = lock_cache(d, err, errlen);
-    if (rc == 0 && (rc = kw__compiler_start(&d->compiler, &d->loop, d->cache,
-                                            d->remote, o->jobs)) < 0)
-        snprintf(err, errlen, "compile workers: %s", kw_strerror(rc));
+    if (rc == 0)
+        rc = open_warm(d, err, errlen);
+    if (rc == 0 && (rc = kw__daemon_outbox_init(d)) < 0)
+        snprintf(err, errlen, "outbox: %s", uv_strerror(rc));
+    if (rc == 0 && (rc = kw__jobs_start(d)) < 0)
+        snprintf(err, errlen, "job threads: %s", strerror(-rc));
     if (rc == 0)
         rc = kw__daemon_listen(d, err, errlen);
     if (rc < 0)
@@ -171,7 +198,9 @@ static int start(kw__daemon *d, char *err, size_t errlen)
     uv_signal_init(&d->loop, &d->sigterm);
     uv_signal_init(&d->loop, &d->sigint);
     uv_timer_init(&d->loop, &d->flush_timer);
+    uv_timer_init(&d->loop, &d->stop_timer);
     d->sigterm.data = d->sigint.data = d->flush_timer.data = d;
+    d->stop_timer.data = d;
     uv_signal_start(&d->sigterm, on_signal, SIGTERM);
     uv_signal_start(&d->sigint, on_signal, SIGINT);
     uv_timer_start(&d->flush_timer, on_flush_timer, KW__FLUSH_MS, KW__FLUSH_MS);
@@ -181,8 +210,13 @@ static int start(kw__daemon *d, char *err, size_t errlen)
 /* Releases what a failed start left open, running the loop to close it. */
 static void abort_start(kw__daemon *d)
 {
-    if (d->compiler != NULL)
-        kw__compiler_stop(d->compiler, on_compiler_stopped, d);
+    kw__jobs_stop(d);
+    kw_warm_close(d->warm);
+    d->warm = NULL;
+    if (d->outbox.type != UV_UNKNOWN_HANDLE) {
+        uv_close((uv_handle_t *)&d->outbox, NULL);
+        pthread_mutex_destroy(&d->out_mu);
+    }
     if (d->listener.type != UV_UNKNOWN_HANDLE)
         uv_close((uv_handle_t *)&d->listener, NULL);
     uv_run(&d->loop, UV_RUN_DEFAULT);
@@ -201,13 +235,16 @@ int kw_daemon_run(const kw_daemon_opts *o, char *err, size_t errlen)
     if ((rc = start(&d, err, errlen)) < 0) {
         abort_start(&d);
     } else {
-        KW_LOG(KW_LOG_INFO, "kwarmd %s: cache %s, %u compile threads%s%s",
+        KW_LOG(KW_LOG_INFO, "kwarmd %s: cache %s, %u compile workers%s%s",
                d.version, o->cache_dir, o->jobs,
                d.remote ? ", fleet tier " : "", d.remote ? o->remote_url : "");
         sd_notifyf(0, "READY=1\nSTATUS=serving %s", o->socket_path);
         uv_run(&d.loop, UV_RUN_DEFAULT);
         if (d.bound) /* ours to remove; systemd's socket is systemd's */
             unlink(o->socket_path);
+        uv_update_time(&d.loop);
+        KW_LOG(KW_LOG_INFO, "stopped %llu ms after the signal",
+               (unsigned long long)(uv_now(&d.loop) - d.stop_at));
     }
     kw_cache_close(d.cache);
     if (d.lock_fd >= 0)

@@ -8,19 +8,44 @@
 
 #include <uv.h>
 
-#include "compiler.h"
+#include <pthread.h>
+#include <stdatomic.h>
+
 #include "kw_cache.h"
+#include "kw_config.h"
 #include "kw_daemon.h"
+#include "kw_keys.h"
 #include "kw_proto.h"
 #include "kw_remote.h"
+#include "kw_warm.h"
 
 #define KW__FRAMES_PER_READ 16   /* requests parsed per read callback */
 #define KW__FLUSH_MS 2000        /* cache hit flush period */
+#define KW__JOB_THREADS 4        /* threads serving keys, warmup, stats, evict */
+#define KW__STOP_GRACE_MS 3000   /* after SIGTERM, connections still open
+                                    then are closed whatever they wait on */
+#define KW__STREAM_KEYS 256      /* keys or results per streamed frame */
+#define KW__STREAM_BYTES (256u * 1024u) /* JSON bytes per streamed frame, about */
 
 typedef struct kw__conn kw__conn;
+typedef struct kw__req kw__req;
+
+/* A frame for a connection, or the end of its request, made on any thread
+ * and handed to the loop thread by kw__daemon_post(). */
+typedef struct kw__out {
+    struct kw__out *next;
+    kw__req *req;       /* the request it belongs to */
+    uint8_t *frame;     /* an encoded frame (owned), or NULL */
+    size_t len;
+    bool done;          /* the request is over after this */
+    /* Runs on the loop thread before the request ends (done only); for a
+     * get, which answers from the cache on the loop. */
+    void (*on_loop)(kw__req *r);
+} kw__out;
 
 /* The daemon: everything lives here and travels by pointer (no globals).
- * Loop thread only, except what the compiler and cache guard themselves. */
+ * Loop thread only, except what warm, the cache, the outbox and the job
+ * queue guard themselves. */
 typedef struct kw__daemon {
     const kw_daemon_opts *opts;
     uv_loop_t loop;
@@ -31,7 +56,23 @@ typedef struct kw__daemon {
     kw__conn *backlog;  /* those connections, linked through next_backlog */
     kw_cache *cache;
     kw_remote *remote; /* fleet tier, or NULL; thread-safe itself */
-    kw__compiler *compiler;
+    kw_warm *warm;     /* the warm pipeline; thread-safe itself */
+    /* The outbox: frames from job and warm threads.  out_mu guards
+     * out_head/out_tail; outbox wakes the loop, which drains it whole. */
+    uv_async_t outbox;
+    pthread_mutex_t out_mu;
+    kw__out *out_head, *out_tail;
+    /* Job threads (jobs.c).  job_mu guards job_head/tail, jobs_stopping. */
+    pthread_t job_threads[KW__JOB_THREADS];
+    unsigned njob_threads;
+    pthread_mutex_t job_mu;
+    pthread_cond_t job_cv;
+    kw__req *job_head, *job_tail;
+    bool jobs_stopping;
+    uv_timer_t stop_timer; /* the SIGTERM grace period */
+    size_t nreqs;          /* requests not yet over (loop thread) */
+    uint64_t stop_at;      /* uv_now() of the signal */
+    bool stopped;          /* the final close ran */
     kw__conn *conns; /* every open connection */
     size_t nconns;
     bool stopping;
@@ -43,8 +84,56 @@ typedef struct kw__daemon {
     char version[32];
 } kw__daemon;
 
-/* One request being served (one at a time per connection). */
-typedef struct kw__req kw__req;
+/* One request being served off the loop thread (keys, warmup, stats,
+ * evict) or waiting on a compile (get).  Created and ended on the loop
+ * thread; in between it belongs to the job thread running it, then to
+ * warm's callbacks, which warm serializes. */
+struct kw__req {
+    kw__daemon *d;
+    kw__conn *conn;    /* holds a reference until the request ends */
+    uint16_t type;
+    cJSON *header;     /* the request's JSON, owned */
+    kw__req *next;     /* in the job queue */
+    kw_warm_job *job;  /* get: the warm job (loop thread; released at the end) */
+    _Atomic bool aborted; /* the connection closed: stop what can stop */
+    double t0;
+    /* warmup: its keys and what streamed so far */
+    kw_keys_set set;
+    size_t count[KW_WARM_CANCELLED + 1]; /* results by kw_warm_status */
+    cJSON *batch;      /* results not yet sent */
+    size_t batch_n, batch_bytes;
+    /* get: the key, and its compile's outcome */
+    kw_keys_key key;
+    kw_warm_status status;
+    int rc;
+    char *log;
+    /* stats: the loop's counters when it was asked */
+    size_t nconns;
+    uint64_t requests, protocol_errors, refused;
+};
+
+/* Sends a frame of type with header h for r (encoded here, on any thread;
+ * an encoding failure sends an error frame instead); done ends r. */
+void kw__req_send(kw__req *r, uint16_t type, const cJSON *h, bool done);
+
+/* Sends an ERROR frame for r (msg NULL: kw_strerror(code)); done ends r. */
+void kw__req_error(kw__req *r, int code, const char *msg, bool done);
+
+/* Derives the keys of a keys or warmup request's model and deployment;
+ * 0, or a code with the message in err (requests.c). */
+int kw__req_keys(const cJSON *h, kw_config_model *m, kw_config_deploy *d,
+                 kw_keys_set *set, char *err, size_t errlen);
+
+/* Reads the key of a get or evict request ({"digest"} or family, fields
+ * and arch) into digest; 0 or KW_EINVAL with the message in err. */
+int kw__req_digest(const cJSON *h, uint8_t digest[KW_KEYS_DIGEST_LEN],
+                   char *err, size_t errlen);
+
+/* The job handlers (requests.c, warmup.c), on a job thread. */
+void kw__run_keys(kw__req *r);
+void kw__run_stats(kw__req *r);
+void kw__run_evict(kw__req *r);
+void kw__run_warmup(kw__req *r);
 
 /* A client connection.  Freed in the uv_close callback of its pipe, once
  * no compile still holds a reference to it (refs). */
@@ -56,7 +145,7 @@ struct kw__conn {
     uint8_t *buf; /* bytes received, not yet parsed; cap KW_PROTO_MAX_REQUEST */
     size_t len;
     kw__req *active; /* the request under way, reading paused meanwhile */
-    int refs;        /* compile callbacks still to come */
+    int refs;        /* writes and requests not yet over */
     int handles;     /* uv handles not yet closed (pipe, timer) */
     kw__conn *next_backlog;
     void *spare;      /* a reply buffer to reuse (no malloc/page faults per get) */
@@ -67,6 +156,44 @@ struct kw__conn {
     uid_t uid;
     gid_t gid;
 };
+
+/* Hands out to the loop thread: its frame is sent (unless the connection
+ * closed meanwhile), then, when out->done, the request ends.  Any thread;
+ * takes out (malloc'd) and its frame. */
+void kw__daemon_post(kw__daemon *d, kw__out *out);
+
+/* Called by server.c on the loop thread when the connection of an active
+ * request closes: the request stops what it can (handlers.c). */
+void kw__daemon_request_abort(kw__req *r);
+
+/* Ends request r on the loop thread: frees it, resumes its connection
+ * (handlers.c frees; server.c resumes). */
+void kw__daemon_request_end(kw__req *r);
+
+/* The connection a request answers, and its daemon. */
+kw__conn *kw__req_conn(const kw__req *r);
+
+/* Job threads (jobs.c): start; queue a request (its handler runs there);
+ * cancel (requests still queued are answered "kwarmd is stopping", without
+ * waiting); stop (cancel, then join: every request taken has posted its
+ * end by then). */
+int kw__jobs_start(kw__daemon *d);
+void kw__jobs_push(kw__daemon *d, kw__req *r);
+void kw__jobs_cancel(kw__daemon *d);
+void kw__jobs_stop(kw__daemon *d);
+
+/* Runs request r on a job thread (handlers.c). */
+void kw__daemon_run_job(kw__req *r);
+
+/* Answers r with the daemon is stopping, from a job thread. */
+void kw__daemon_refuse_job(kw__req *r);
+
+/* Called on the loop thread when a request ended or a connection closed,
+ * to finish a stop once nothing is left (daemon.c). */
+void kw__daemon_check_stop(kw__daemon *d);
+
+/* Initialises the outbox (server.c). */
+int kw__daemon_outbox_init(kw__daemon *d);
 
 /* Sends one frame to c (header encoded, payload copied into the frame). */
 void kw__conn_send(kw__conn *c, uint16_t type, const cJSON *header,

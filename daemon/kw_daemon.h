@@ -1,10 +1,12 @@
 /* kw_daemon.h: kwarmd, the compile-cache daemon (prefix kw_daemon_).
  *
  * Serves the wire protocol of client/kw_proto.h on a Unix socket: ping,
- * keys, warmup (streams progress, ends with a manifest), get (by digest or
- * family + fields + arch, compiling on a miss unless told not to), stats
- * and evict.  One libuv loop thread owns every connection; compiles run on
- * dedicated workers with single-flight (daemon/compiler.h).
+ * keys and warmup (both streamed in bounded frames, then counts), get (by
+ * digest or family + fields + arch, compiling on a miss unless told not
+ * to), stats and evict.  One libuv loop thread owns every connection and
+ * does frame I/O only; keys, warmup, stats and evict run on job threads,
+ * and every compile goes through the warm pipeline (warm/kw_warm.h) to
+ * worker processes.
  */
 #ifndef KW_DAEMON_H
 #define KW_DAEMON_H
@@ -21,7 +23,10 @@
 typedef struct kw_daemon_opts {
     char socket_path[108];     /* sun_path's size; longer is refused */
     char cache_dir[4096];
-    unsigned jobs;             /* compile threads; default: the cores */
+    unsigned jobs;             /* compile worker processes; default: the cores */
+    unsigned compile_timeout_ms; /* per compile; default 120 s */
+    uint64_t compile_mem_limit;  /* bytes per worker; default 4 GiB */
+    char compile_helper[4096];   /* kwarm-compile; "": found beside kwarmd */
     uint64_t max_size;         /* cache size limit in bytes */
     unsigned idle_timeout_ms;  /* a silent connection is closed after it */
     uid_t allow_uid[KW_DAEMON_MAX_ALLOW];
@@ -42,7 +47,7 @@ typedef struct kw_daemon_opts {
 void kw_daemon_opts_init(kw_daemon_opts *o);
 
 /* Runs kwarmd until SIGTERM or SIGINT: takes the socket from systemd
- * (sd_listen_fds) or binds it, opens the cache, starts the compilers,
+ * (sd_listen_fds) or binds it, opens the cache, starts the warm pipeline,
  * notifies systemd READY=1.  On a signal: stops accepting, cancels queued
  * compiles and finishes running ones, closes connections and the cache.
  * Returns 0 after a clean stop, or a negative code with a one-line

@@ -22,6 +22,8 @@
 
 static const char usage[] =
     "usage: kwarmd [--socket PATH] [--cache DIR] [--jobs N] [--max-size SIZE]\n"
+    "              [--compile-timeout S] [--compile-memory SIZE]\n"
+    "              [--compile-helper PATH]\n"
     "              [--allow-uid UID]... [--allow-gid GID]... [--idle-timeout MS]\n"
     "              [--socket-mode MODE]\n"
     "              [--remote redis://HOST:PORT[/DB] --remote-key-file F]\n"
@@ -30,12 +32,17 @@ static const char usage[] =
     "\n"
     "The kwarm compile-cache daemon: serves compiled kernels to serving\n"
     "processes over a Unix socket (or the one systemd passes), compiling\n"
-    "missing ones with NVRTC on --jobs threads into an LMDB cache.\n"
+    "missing ones with NVRTC in --jobs worker processes into an LMDB cache.\n"
     "\n"
     "  --socket PATH       (/run/kwarm/kwarm.sock; $XDG_RUNTIME_DIR/kwarm.sock\n"
     "                      for a non-root user); created mode 0660\n"
     "  --cache DIR         LMDB cache on local disk (/var/cache/kwarm)\n"
-    "  --jobs N            compile threads (the cores)\n"
+    "  --jobs N            compile worker processes (the cores)\n"
+    "  --compile-timeout S a compile running longer is killed and fails (120)\n"
+    "  --compile-memory SIZE  address space of a compile worker; past it the\n"
+    "                      compile fails (4G)\n"
+    "  --compile-helper PATH  the kwarm-compile worker program (found beside\n"
+    "                      kwarmd, or in ../libexec/kwarm/)\n"
     "  --max-size SIZE     cache size limit, bytes or K/M/G (1G)\n"
     "  --allow-uid UID     a uid (number or name) allowed to connect; repeatable\n"
     "  --allow-gid GID     a gid (number or name) allowed to connect; repeatable\n"
@@ -189,6 +196,33 @@ static int set_remote_lease(kw_daemon_opts *o, const char *v)
     return set_ms(&o->remote_lease_ms, v, 100, 3600 * 1000);
 }
 
+static int set_compile_timeout(kw_daemon_opts *o, const char *v)
+{
+    uint64_t n;
+    int rc = kw_parse_u64(v, 24 * 3600, &n);
+    if (rc == 0 && n == 0)
+        rc = KW_EINVAL;
+    if (rc == 0)
+        o->compile_timeout_ms = (unsigned)(n * 1000);
+    return rc;
+}
+
+static int set_compile_memory(kw_daemon_opts *o, const char *v)
+{
+    uint64_t n;
+    int rc = kw_parse_size(v, &n);
+    if (rc == 0 && n < (64u << 20))
+        rc = KW_EINVAL;
+    if (rc == 0)
+        o->compile_mem_limit = n;
+    return rc;
+}
+
+static int set_compile_helper(kw_daemon_opts *o, const char *v)
+{
+    return set_str(o->compile_helper, sizeof o->compile_helper, v);
+}
+
 static const struct option_def {
     const char *name; /* flag without "--"; the --config member name */
     setter set;
@@ -197,6 +231,9 @@ static const struct option_def {
     {"socket", set_socket, "a path shorter than 108 bytes"},
     {"cache", set_cache, "a directory path"},
     {"jobs", set_jobs, "an integer in [1, 256]"},
+    {"compile-timeout", set_compile_timeout, "seconds in [1, 86400]"},
+    {"compile-memory", set_compile_memory, "a size of at least 64M (bytes, or K/M/G)"},
+    {"compile-helper", set_compile_helper, "a file path"},
     {"max-size", set_max_size, "a size of at least 1M (bytes, or K/M/G)"},
     {"allow-uid", set_allow_uid, "a uid or user name (at most 32)"},
     {"allow-gid", set_allow_gid, "a gid or group name (at most 32)"},

@@ -79,8 +79,11 @@ void kw__conn_close(kw__conn *c)
     if (c->next)
         c->next->prev = c->prev;
     d->nconns--;
+    if (c->active != NULL)
+        kw__daemon_request_abort(c->active);
     uv_close((uv_handle_t *)&c->idle, on_handle_closed);
     uv_close((uv_handle_t *)&c->pipe, on_handle_closed);
+    kw__daemon_check_stop(d);
 }
 
 static void on_written(uv_write_t *req, int status)
@@ -175,6 +178,23 @@ void kw__conn_error(kw__conn *c, int code, const char *msg, bool close_after)
 
 static void process(kw__conn *c);
 
+/* A frame that broke the protocol: one ERROR frame (naming both versions
+ * when only the version is wrong), then the connection closes. */
+static void protocol_error(kw__conn *c, int rc)
+{
+    char esc[KW_PROTO_ESCAPE_CAP], msg[128];
+    kw_proto_escape(c->buf, c->len, esc, sizeof esc);
+    KW_LOG(KW_LOG_WARNING, "uid %u: %s; closing (input: %s)",
+           (unsigned)c->uid, kw_strerror(rc), esc);
+    c->d->protocol_errors++;
+    if (rc == KW_EVERSION)
+        snprintf(msg, sizeof msg, "protocol version %u is not supported: "
+                 "kwarmd speaks version %u", kw_proto_frame_version(c->buf, c->len),
+                 KW_PROTO_VERSION);
+    kw__conn_error(c, rc, rc == KW_EVERSION ? msg : NULL, true);
+    c->len = 0;
+}
+
 /* Runs each connection of the backlog once more (KW__FRAMES_PER_READ
  * frames); stops itself when the backlog is empty. */
 static void on_resume(uv_idle_t *h)
@@ -228,13 +248,7 @@ static void process(kw__conn *c)
         if (rc == KW_PROTO_MORE)
             return;
         if (rc < 0) {
-            char esc[KW_PROTO_ESCAPE_CAP];
-            kw_proto_escape(c->buf, c->len, esc, sizeof esc);
-            KW_LOG(KW_LOG_WARNING, "uid %u: %s; closing (input: %s)",
-                   (unsigned)c->uid, kw_strerror(rc), esc);
-            c->d->protocol_errors++;
-            kw__conn_error(c, rc, NULL, true);
-            c->len = 0;
+            protocol_error(c, rc);
             return;
         }
         c->d->requests++;
@@ -278,8 +292,8 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b)
 void kw__conn_request_done(kw__conn *c)
 {
     c->active = NULL;
-    if (c->closing)
-        return;
+    if (c->closing || c->d->stopping)
+        return; /* stopping: the connection closes after its last frame */
     uv_timer_again(&c->idle);
     process(c);
     if (!c->closing && !c->active && c->paused) {
@@ -383,6 +397,65 @@ static void on_connection(uv_stream_t *l, int status)
     /* libuv hands over one accepted socket per callback (uv_accept may be
      * called once), so the per-event work is bounded already. */
     accept_one(d);
+}
+
+/* ---- the outbox: frames from job and warm threads -------------------- */
+
+void kw__daemon_post(kw__daemon *d, kw__out *o)
+{
+    o->next = NULL;
+    pthread_mutex_lock(&d->out_mu);
+    if (d->out_tail != NULL)
+        d->out_tail->next = o;
+    else
+        d->out_head = o;
+    d->out_tail = o;
+    pthread_mutex_unlock(&d->out_mu);
+    uv_async_send(&d->outbox);
+}
+
+/* Sends or drops one posted item, then ends its request when done.  While
+ * stopping, the connection closes after a request's last frame. */
+static void deliver(kw__daemon *d, kw__out *o)
+{
+    kw__req *r = o->req;
+    kw__conn *c = kw__req_conn(r);
+    bool close_after = o->done && d->stopping;
+    if (o->on_loop != NULL)
+        o->on_loop(r);
+    if (o->frame != NULL && !c->closing)
+        send_frame(c, o->frame, o->len, close_after);
+    else
+        free(o->frame);
+    if (close_after && o->frame == NULL)
+        kw__conn_close(c);
+    if (o->done)
+        kw__daemon_request_end(r);
+    free(o);
+}
+
+/* The outbox's async callback: drains the whole queue (sends coalesce). */
+static void on_outbox(uv_async_t *h)
+{
+    kw__daemon *d = h->data;
+    pthread_mutex_lock(&d->out_mu);
+    kw__out *list = d->out_head;
+    d->out_head = d->out_tail = NULL;
+    pthread_mutex_unlock(&d->out_mu);
+    while (list != NULL) {
+        kw__out *next = list->next;
+        deliver(d, list);
+        list = next;
+    }
+}
+
+int kw__daemon_outbox_init(kw__daemon *d)
+{
+    int rc = -pthread_mutex_init(&d->out_mu, NULL);
+    if (rc == 0 && (rc = uv_async_init(&d->loop, &d->outbox, on_outbox)) < 0)
+        pthread_mutex_destroy(&d->out_mu);
+    d->outbox.data = d;
+    return rc;
 }
 
 /* Refuses a socket path that does not fit sun_path (never truncates). */

@@ -1,0 +1,130 @@
+/* jobs.c: kwarmd's job threads, and frames posted from any thread.
+ *
+ * A few threads (KW__JOB_THREADS) take requests the loop hands over and
+ * run their handlers; the frames they make travel back through the outbox
+ * (server.c), so the loop thread only ever writes ready bytes.  A warmup
+ * leaves its thread once its keys are submitted: its results come on
+ * warm's threads, which post frames the same way.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <stdlib.h>
+
+#include "kw_err.h"
+#include "log.h"
+
+/* Posts frame (may be NULL) for r, ending r when done.  Out of memory for
+ * the envelope, the frame is lost and the request cannot end: log it. */
+static void post(kw__req *r, uint8_t *frame, size_t len, bool done)
+{
+    kw__out *o = calloc(1, sizeof *o);
+    if (o == NULL) {
+        free(frame);
+        KW_LOG(KW_LOG_ERR, "out of memory posting a reply");
+        return;
+    }
+    o->req = r;
+    o->frame = frame;
+    o->len = len;
+    o->done = done;
+    kw__daemon_post(r->d, o);
+}
+
+void kw__req_error(kw__req *r, int code, const char *msg, bool done)
+{
+    uint8_t *frame = NULL;
+    size_t len = 0;
+    if (kw_proto_error_frame(code, msg, &frame, &len) < 0)
+        frame = NULL;
+    post(r, frame, len, done);
+}
+
+void kw__req_send(kw__req *r, uint16_t type, const cJSON *h, bool done)
+{
+    uint8_t *frame = NULL;
+    size_t len = 0;
+    int rc = h != NULL ? kw_proto_encode(type, h, NULL, 0, &frame, &len)
+                       : KW_ENOMEM;
+    if (rc < 0) {
+        kw__req_error(r, rc, "reply could not be encoded", done);
+        return;
+    }
+    post(r, frame, len, done);
+}
+
+/* A job thread: runs queued requests until stopped; once stopping, the
+ * requests left are refused. */
+static void *job_main(void *arg)
+{
+    kw__daemon *d = arg;
+    pthread_mutex_lock(&d->job_mu);
+    for (;;) {
+        while (d->job_head == NULL && !d->jobs_stopping)
+            pthread_cond_wait(&d->job_cv, &d->job_mu);
+        kw__req *r = d->job_head;
+        if (r == NULL)
+            break;
+        d->job_head = r->next;
+        if (d->job_head == NULL)
+            d->job_tail = NULL;
+        bool stopping = d->jobs_stopping;
+        pthread_mutex_unlock(&d->job_mu);
+        if (stopping)
+            kw__daemon_refuse_job(r);
+        else
+            kw__daemon_run_job(r);
+        pthread_mutex_lock(&d->job_mu);
+    }
+    pthread_mutex_unlock(&d->job_mu);
+    return NULL;
+}
+
+int kw__jobs_start(kw__daemon *d)
+{
+    int rc = -pthread_mutex_init(&d->job_mu, NULL);
+    if (rc == 0 && (rc = -pthread_cond_init(&d->job_cv, NULL)) != 0)
+        pthread_mutex_destroy(&d->job_mu);
+    if (rc < 0)
+        return rc;
+    for (; d->njob_threads < KW__JOB_THREADS; d->njob_threads++)
+        if ((rc = -pthread_create(&d->job_threads[d->njob_threads], NULL,
+                                  job_main, d)) != 0)
+            break;
+    return d->njob_threads > 0 ? 0 : rc;
+}
+
+void kw__jobs_push(kw__daemon *d, kw__req *r)
+{
+    pthread_mutex_lock(&d->job_mu);
+    r->next = NULL;
+    if (d->job_tail != NULL)
+        d->job_tail->next = r;
+    else
+        d->job_head = r;
+    d->job_tail = r;
+    pthread_cond_signal(&d->job_cv);
+    pthread_mutex_unlock(&d->job_mu);
+}
+
+void kw__jobs_cancel(kw__daemon *d)
+{
+    if (d->njob_threads == 0)
+        return;
+    pthread_mutex_lock(&d->job_mu);
+    d->jobs_stopping = true;
+    pthread_cond_broadcast(&d->job_cv);
+    pthread_mutex_unlock(&d->job_mu);
+}
+
+void kw__jobs_stop(kw__daemon *d)
+{
+    if (d->njob_threads == 0)
+        return;
+    kw__jobs_cancel(d);
+    for (unsigned i = 0; i < d->njob_threads; i++)
+        pthread_join(d->job_threads[i], NULL);
+    d->njob_threads = 0;
+    pthread_cond_destroy(&d->job_cv);
+    pthread_mutex_destroy(&d->job_mu);
+}

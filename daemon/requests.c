@@ -1,0 +1,184 @@
+/* requests.c: keys, stats and evict, run on a job thread.
+ *
+ * `keys` streams the derived keys KW__STREAM_KEYS to a PROGRESS frame
+ * ({"keys": [...]}) and ends with a RESULT holding the rest of the
+ * document of `kwarm keys --json` and "count"; the client puts the keys
+ * back in (kw_client_keys), so no reply is refused for its size.
+ */
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "kw_err.h"
+#include "log.h"
+
+int kw__req_keys(const cJSON *h, kw_config_model *m, kw_config_deploy *d,
+                 kw_keys_set *set, char *err, size_t errlen)
+{
+    const cJSON *cfg = cJSON_GetObjectItemCaseSensitive(h, "config");
+    const cJSON *dep = cJSON_GetObjectItemCaseSensitive(h, "deployment");
+    const cJSON *nm = cJSON_GetObjectItemCaseSensitive(h, "name");
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(h, "text_config");
+    const char *name = cJSON_IsString(nm) ? nm->valuestring : "config.json";
+    int rc = 0;
+    memset(m, 0, sizeof *m);
+    kw_config_deploy_init(d);
+    if (!cJSON_IsObject(cfg) || (tc != NULL && !cJSON_IsString(tc)) ||
+        (dep != NULL && !cJSON_IsObject(dep))) {
+        snprintf(err, errlen, "request: \"config\" must be an object, "
+                 "\"deployment\" an object, \"text_config\" a string");
+        return KW_EINVAL;
+    }
+    if (dep != NULL)
+        rc = kw_config_deploy_from_json(d, dep, "deployment", err, errlen);
+    if (rc == 0 && tc != NULL)
+        rc = kw_config_deploy_set_flag(d, KW_CONFIG_TEXT_CONFIG, tc->valuestring,
+                                       err, errlen);
+    /* The request frame passed the strict reader (common/kw_json.h); the
+     * printed tree is read back by the same rules. */
+    char *text = rc == 0 ? cJSON_PrintUnformatted(cfg) : NULL;
+    if (rc == 0 && text == NULL)
+        rc = KW_ENOMEM;
+    if (rc == 0)
+        rc = kw_config_load_buffer(m, name, text, strlen(text), d->text_config,
+                                   err, errlen);
+    free(text);
+    if (rc == 0)
+        rc = kw_config_resolve(d, m, err, errlen);
+    if (rc == 0)
+        rc = kw_keys_derive(m, d, set, err, errlen);
+    return rc;
+}
+
+/* Streams set's keys in PROGRESS frames of KW__STREAM_KEYS; 0 or
+ * KW_ENOMEM (the frames sent so far stand). */
+static int stream_keys(kw__req *r, const kw_keys_set *set)
+{
+    for (size_t i = 0; i < set->nkeys;) {
+        cJSON *h = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(h, "keys");
+        if (arr == NULL) {
+            cJSON_Delete(h);
+            return KW_ENOMEM;
+        }
+        for (size_t n = 0; n < KW__STREAM_KEYS && i < set->nkeys; n++, i++) {
+            cJSON *k = kw_keys_key_json(&set->keys[i]);
+            if (k == NULL) {
+                cJSON_Delete(h);
+                return KW_ENOMEM;
+            }
+            cJSON_AddItemToArray(arr, k);
+        }
+        kw__req_send(r, KW_PROTO_PROGRESS, h, false);
+        cJSON_Delete(h);
+    }
+    return 0;
+}
+
+/* The RESULT of keys: the document without its keys, plus "count". */
+static int keys_result(kw__req *r, const kw_config_model *m,
+                       const kw_config_deploy *d, const kw_keys_set *set)
+{
+    kw_keys_set none = *set;
+    cJSON *doc = NULL;
+    none.nkeys = 0;
+    int rc = kw_keys_to_json(m, d, &none, &doc);
+    if (rc == 0) {
+        cJSON_DeleteItemFromObjectCaseSensitive(doc, "keys");
+        if (cJSON_AddNumberToObject(doc, "count", (double)set->nkeys) == NULL)
+            rc = KW_ENOMEM;
+    }
+    if (rc == 0)
+        kw__req_send(r, KW_PROTO_RESULT, doc, true);
+    cJSON_Delete(doc);
+    return rc;
+}
+
+void kw__run_keys(kw__req *r)
+{
+    kw_config_model m;
+    kw_config_deploy d;
+    kw_keys_set set = {0};
+    char err[KW_CONFIG_ERRLEN];
+    int rc = kw__req_keys(r->header, &m, &d, &set, err, sizeof err);
+    if (rc == 0 && (rc = stream_keys(r, &set)) == 0)
+        rc = keys_result(r, &m, &d, &set);
+    if (rc < 0)
+        kw__req_error(r, rc, rc == KW_ENOMEM ? NULL : err, true);
+    kw_keys_set_destroy(&set);
+    kw_config_model_destroy(&m);
+    kw_config_deploy_destroy(&d);
+}
+
+/* Adds the warm pipeline's counters (one meaning each: README.md). */
+static void add_warm_stats(cJSON *h, kw_warm *w)
+{
+    kw_warm_stats ws;
+    kw_warm_stats_get(w, &ws);
+    const char *names[] = {"warm_keys", "warm_hits", "warm_misses",
+                           "warm_joined", "remote_hits", "store_failures",
+                           "cancelled", "compiles_queued",
+                           "compiles_inflight", "warm_jobs_active"};
+    uint64_t v[] = {ws.keys, ws.hits, ws.misses, ws.joined, ws.remote_hits,
+                    ws.store_failures, ws.cancelled, ws.queued, ws.compiling,
+                    ws.jobs_active};
+    for (size_t i = 0; i < sizeof v / sizeof *v; i++)
+        cJSON_AddNumberToObject(h, names[i], (double)v[i]);
+    /* compiles_started: flights that reached a worker or the fleet. */
+    cJSON_AddNumberToObject(h, "compiles_started",
+                            (double)(ws.compiles + ws.compile_failures +
+                                     ws.store_failures + ws.compiling));
+}
+
+void kw__run_stats(kw__req *r)
+{
+    kw_cache_stats st;
+    kw__daemon *d = r->d;
+    int rc = kw_cache_stats_get(d->cache, &st);
+    cJSON *h = rc == 0 ? cJSON_CreateObject() : NULL;
+    if (h == NULL) {
+        kw__req_error(r, rc < 0 ? rc : KW_ENOMEM, NULL, true);
+        return;
+    }
+    const char *names[] = {"entries", "bytes", "max_size", "hits", "misses",
+                           "compiles", "compile_failures", "evictions", "corrupt"};
+    uint64_t v[] = {st.entries, st.bytes, st.max_size, st.hits, st.misses,
+                    st.compiles, st.compile_failures, st.evictions, st.corrupt};
+    for (size_t i = 0; i < sizeof v / sizeof *v; i++)
+        cJSON_AddNumberToObject(h, names[i], (double)v[i]);
+    cJSON_AddNumberToObject(h, "connections", (double)r->nconns);
+    cJSON_AddNumberToObject(h, "requests", (double)r->requests);
+    cJSON_AddNumberToObject(h, "protocol_errors", (double)r->protocol_errors);
+    cJSON_AddNumberToObject(h, "refused", (double)r->refused);
+    add_warm_stats(h, d->warm);
+    kw_remote_stats rs = {0}; /* fleet tier: zeros without one */
+    if (d->remote != NULL)
+        kw_remote_stats_get(d->remote, &rs);
+    cJSON_AddNumberToObject(h, "remote_fetches", (double)rs.hits);
+    cJSON_AddNumberToObject(h, "remote_misses", (double)rs.misses);
+    cJSON_AddNumberToObject(h, "remote_errors", (double)rs.errors);
+    cJSON_AddNumberToObject(h, "remote_refused", (double)rs.refused);
+    cJSON_AddNumberToObject(h, "remote_puts", (double)rs.puts);
+    kw__req_send(r, KW_PROTO_RESULT, h, true);
+    cJSON_Delete(h);
+}
+
+void kw__run_evict(kw__req *r)
+{
+    uint8_t digest[KW_KEYS_DIGEST_LEN];
+    char err[256];
+    int rc = kw__req_digest(r->header, digest, err, sizeof err);
+    if (rc == 0)
+        rc = kw_cache_remove(r->d->cache, digest);
+    if (rc < 0 && rc != KW_ENOTFOUND) {
+        kw__req_error(r, rc, rc == KW_EINVAL ? err : NULL, true);
+        return;
+    }
+    cJSON *h = cJSON_CreateObject();
+    if (h != NULL && cJSON_AddBoolToObject(h, "evicted", rc == 0) == NULL) {
+        cJSON_Delete(h);
+        h = NULL;
+    }
+    kw__req_send(r, KW_PROTO_RESULT, h, true);
+    cJSON_Delete(h);
+}

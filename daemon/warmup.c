@@ -1,0 +1,170 @@
+/* warmup.c: a warmup, from its keys to its streamed results.
+ *
+ * On a job thread: derive the keys and submit them to the warm pipeline.
+ * Then, on warm's threads (serialized per job): each key's result joins a
+ * batch, sent as one PROGRESS frame
+ *   {"done": D, "total": T, "results": [{"digest", "family", "arch",
+ *    "status", "error"?, "log"?}, ...]}
+ * when it holds KW__STREAM_KEYS results or about KW__STREAM_BYTES, or when
+ * warm has no further result at once (`more` false).  The last result
+ * sends the counts-only RESULT
+ *   {"keys", "hits", "remote_hits", "compiled", "failed", "cancelled",
+ *    "seconds"}
+ * and ends the request.  kwarm warmup --json and kw_client_warmup() put
+ * the streamed results back into one "manifest".
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <string.h>
+#include <time.h>
+
+#include "kw_err.h"
+#include "log.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static size_t settled(const kw__req *r)
+{
+    size_t n = 0;
+    for (size_t i = 0; i <= KW_WARM_CANCELLED; i++)
+        n += r->count[i];
+    return n;
+}
+
+/* Sends the batch as one PROGRESS frame and starts a new one. */
+static void flush_batch(kw__req *r)
+{
+    if (r->batch_n == 0)
+        return;
+    cJSON *h = cJSON_CreateObject();
+    if (h != NULL) {
+        cJSON_AddNumberToObject(h, "done", (double)settled(r));
+        cJSON_AddNumberToObject(h, "total", (double)r->set.nkeys);
+        cJSON_AddItemToObject(h, "results", r->batch);
+    } else {
+        cJSON_Delete(r->batch);
+    }
+    r->batch = NULL;
+    r->batch_n = r->batch_bytes = 0;
+    kw__req_send(r, KW_PROTO_PROGRESS, h, false);
+    cJSON_Delete(h);
+}
+
+/* The RESULT: counts only. */
+static void send_result(kw__req *r)
+{
+    cJSON *h = cJSON_CreateObject();
+    static const char *const names[] = {"hits", "remote_hits", "compiled",
+                                        "failed", "cancelled"};
+    if (h != NULL) {
+        cJSON_AddNumberToObject(h, "keys", (double)r->set.nkeys);
+        for (size_t i = 0; i <= KW_WARM_CANCELLED; i++)
+            cJSON_AddNumberToObject(h, names[i], (double)r->count[i]);
+        cJSON_AddNumberToObject(h, "seconds", now_s() - r->t0);
+    }
+    kw__req_send(r, KW_PROTO_RESULT, h, true);
+    cJSON_Delete(h);
+}
+
+/* One key's entry in the batch; false when out of memory. */
+static bool add_result(kw__req *r, const kw_warm_result *res)
+{
+    char hex[KW_KEYS_HEX_LEN];
+    kw_keys_hex(res->key->digest, hex);
+    if (r->batch == NULL && (r->batch = cJSON_CreateArray()) == NULL)
+        return false;
+    cJSON *o = cJSON_CreateObject();
+    if (o == NULL)
+        return false;
+    cJSON_AddItemToArray(r->batch, o);
+    cJSON_AddStringToObject(o, "digest", hex);
+    cJSON_AddStringToObject(o, "family", kw_keys_family_name(res->key->family));
+    cJSON_AddStringToObject(o, "arch", res->key->arch);
+    cJSON_AddStringToObject(o, "status", kw_warm_status_name(res->status));
+    r->batch_bytes += 160;
+    if (res->status == KW_WARM_FAILED) {
+        cJSON_AddStringToObject(o, "error", kw_strerror(res->rc));
+        if (res->log != NULL) {
+            cJSON_AddStringToObject(o, "log", res->log);
+            /* JSON escaping can grow a log to 6 bytes a byte. */
+            r->batch_bytes += 6 * strlen(res->log);
+        }
+    }
+    r->batch_n++;
+    return true;
+}
+
+/* Logs a failed key: digest, family and the first line of its log. */
+static void log_failure(const kw_warm_result *res)
+{
+    char hex[KW_KEYS_HEX_LEN];
+    const char *log = res->log ? res->log : "";
+    size_t n = strcspn(log, "\n");
+    kw_keys_hex(res->key->digest, hex);
+    KW_LOG(KW_LOG_WARNING, "compile of %.16s (%s %s) failed: %s%s%.*s", hex,
+           kw_keys_family_name(res->key->family), res->key->arch,
+           kw_strerror(res->rc), n ? ": " : "", (int)(n > 300 ? 300 : n), log);
+}
+
+/* warm's callback for one key of a warmup. */
+static void on_result(const kw_warm_result *res, void *arg)
+{
+    kw__req *r = arg;
+    if (atomic_load(&r->aborted) && res->job != NULL)
+        kw_warm_job_cancel(res->job); /* the client left */
+    r->count[res->status]++;
+    if (res->status == KW_WARM_FAILED)
+        log_failure(res);
+    if (!add_result(r, res))
+        KW_LOG(KW_LOG_ERR, "out of memory streaming a warmup result");
+    if (r->batch_n >= KW__STREAM_KEYS || r->batch_bytes >= KW__STREAM_BYTES ||
+        !res->more || res->last)
+        flush_batch(r);
+    if (res->last)
+        send_result(r);
+}
+
+/* kwarmd stopped before the keys reached the pipeline: every key is
+ * reported cancelled, as if the pipeline had done it. */
+static void cancel_all(kw__req *r)
+{
+    for (size_t i = 0; i < r->set.nkeys; i++) {
+        kw_warm_result res = {.index = i, .key = &r->set.keys[i],
+                              .status = KW_WARM_CANCELLED, .rc = -ECANCELED,
+                              .last = i + 1 == r->set.nkeys,
+                              .more = i + 1 < r->set.nkeys};
+        on_result(&res, r);
+    }
+}
+
+void kw__run_warmup(kw__req *r)
+{
+    kw_config_model m;
+    kw_config_deploy d;
+    char err[KW_CONFIG_ERRLEN];
+    int rc = kw__req_keys(r->header, &m, &d, &r->set, err, sizeof err);
+    kw_config_model_destroy(&m);
+    kw_config_deploy_destroy(&d);
+    if (rc < 0) {
+        kw__req_error(r, rc, rc == KW_ENOMEM ? NULL : err, true);
+        return;
+    }
+    if (r->set.nkeys == 0) {
+        send_result(r);
+        return;
+    }
+    /* From here the request belongs to warm's callbacks; no handle is
+     * kept (a client that leaves is noticed by the next callback). */
+    rc = kw_warm_submit(r->d->warm, r->set.keys, r->set.nkeys, 0, on_result, r,
+                        NULL);
+    if (rc == -ECANCELED)
+        cancel_all(r);
+    else if (rc < 0)
+        kw__req_error(r, rc, NULL, true);
+}
