@@ -210,6 +210,11 @@ static int recv_frame(kw_client *c, kw_msg *m)
             c->used = used;
             return 0;
         }
+        if (rc == KW_EVERSION)
+            return broken(c, rc, "kwarmd speaks protocol version %u, this "
+                          "client version %u: upgrade the older one",
+                          kw_proto_frame_version(c->buf, c->len),
+                          KW_PROTO_VERSION);
         if (rc < 0) {
             char esc[KW_PROTO_ESCAPE_CAP];
             kw_proto_escape(c->buf, c->len, esc, sizeof esc);
@@ -226,26 +231,40 @@ static int recv_frame(kw_client *c, kw_msg *m)
     }
 }
 
-/* Hands one PROGRESS header to cb as text.  0 or KW_ENOMEM. */
-static int report(const kw_msg *m, kw_client_progress_fn cb, void *arg)
+/* What a streamed reply (keys, warmup) gathers from its PROGRESS frames:
+ * the items of each frame's array `member`, in order. */
+typedef struct stream {
+    const char *member;        /* "keys" or "results" */
+    cJSON *items;              /* an array, owned */
+    kw_client_progress_fn cb;  /* warmup: each frame's header as text */
+    void *arg;
+} stream;
+
+/* Takes one PROGRESS frame: its array's items move to s->items, then cb
+ * sees the frame.  0, KW_EPROTO (no such array) or KW_ENOMEM. */
+static int take_progress(kw_msg *m, stream *s)
 {
-    if (cb == NULL)
-        return 0;
-    char *text = cJSON_PrintUnformatted(m->header);
-    if (text == NULL)
-        return KW_ENOMEM;
-    cb(text, arg);
-    free(text);
+    cJSON *arr = cJSON_GetObjectItemCaseSensitive(m->header, s->member);
+    if (!cJSON_IsArray(arr))
+        return KW_EPROTO;
+    if (s->cb != NULL) {
+        char *text = cJSON_PrintUnformatted(m->header);
+        if (text == NULL)
+            return KW_ENOMEM;
+        s->cb(text, s->arg);
+        free(text);
+    }
+    while (arr->child != NULL)
+        cJSON_AddItemToArray(s->items, cJSON_DetachItemViaPointer(arr, arr->child));
     return 0;
 }
 
 /* Sends a request of type with header hdr (NULL: {}) and reads up to its
- * final reply, which must be of type want; PROGRESS frames (warmup only)
- * go to cb.  Returns 0 with *reply set (kw_msg_destroy() it), the
+ * final reply, which must be of type want; PROGRESS frames (keys and
+ * warmup only: st not NULL) are gathered into st.  Returns 0 with *reply set (kw_msg_destroy() it), the
  * daemon's ERROR as a code, or a failure. */
 static int request(kw_client *c, uint16_t type, const cJSON *hdr,
-                   uint16_t want, kw_client_progress_fn cb, void *arg,
-                   kw_msg *reply)
+                   uint16_t want, stream *st, kw_msg *reply)
 {
     const char *name = kw_proto_type_name(type);
     if (c->fd < 0)
@@ -267,9 +286,10 @@ static int request(kw_client *c, uint16_t type, const cJSON *hdr,
     while (rc == 0 && (rc = recv_frame(c, reply)) == 0) {
         if (reply->type == KW_PROTO_ERROR) {
             rc = daemon_error(c, reply);
-        } else if (reply->type == KW_PROTO_PROGRESS && type == KW_PROTO_WARMUP) {
-            if ((rc = report(reply, cb, arg)) < 0)
-                rc = broken(c, rc, "%s: %s", name, kw_strerror(rc));
+        } else if (reply->type == KW_PROTO_PROGRESS && st != NULL) {
+            if ((rc = take_progress(reply, st)) < 0)
+                rc = broken(c, rc, "%s: progress frame: %s", name,
+                            kw_strerror(rc));
         } else if (reply->type != want) {
             rc = broken(c, KW_EPROTO, "kwarmd answered %s to %s",
                         kw_proto_type_name(reply->type), name);
@@ -453,7 +473,7 @@ int kw_client_ping(kw_client *c, char *version, size_t cap)
     if (c == NULL)
         return KW_EINVAL;
     kw_msg m = {0};
-    int rc = request(c, KW_PROTO_PING, NULL, KW_PROTO_PONG, NULL, NULL, &m);
+    int rc = request(c, KW_PROTO_PING, NULL, KW_PROTO_PONG, NULL, &m);
     if (rc < 0)
         return rc;
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(m.header, "version");
@@ -498,7 +518,27 @@ static int model_header(kw_client *c, const char *config_json,
     return 0;
 }
 
-/* keys and warmup: one request with a model header, RESULT as text. */
+/* Puts the streamed items back into the RESULT: keys as "keys" (after
+ * checking "count"), warmup results as "manifest".  0 or a code. */
+static int assemble(kw_client *c, uint16_t type, kw_msg *m, stream *st)
+{
+    if (type == KW_PROTO_KEYS) {
+        const cJSON *n = cJSON_GetObjectItemCaseSensitive(m->header, "count");
+        if (!cJSON_IsNumber(n) ||
+            n->valuedouble != (double)cJSON_GetArraySize(st->items))
+            return broken(c, KW_EPROTO, "keys: kwarmd streamed %d keys but "
+                          "counted another number", cJSON_GetArraySize(st->items));
+        cJSON_DeleteItemFromObjectCaseSensitive(m->header, "count");
+    }
+    if (!cJSON_AddItemToObject(m->header, type == KW_PROTO_KEYS ? "keys" : "manifest",
+                               st->items))
+        return fail(c, KW_ENOMEM, "%s", kw_strerror(KW_ENOMEM));
+    st->items = NULL;
+    return 0;
+}
+
+/* keys and warmup: one request with a model header; the streamed items
+ * and the RESULT become one document, as text. */
 static int model_request(kw_client *c, uint16_t type, const char *config_json,
                          const char *deployment_json, const char *name,
                          kw_client_progress_fn cb, void *arg, char **out)
@@ -507,12 +547,18 @@ static int model_request(kw_client *c, uint16_t type, const char *config_json,
         return c ? fail(c, KW_EINVAL, "NULL reply pointer") : KW_EINVAL;
     cJSON *h = NULL;
     kw_msg m = {0};
-    int rc = model_header(c, config_json, deployment_json, name, &h);
+    stream st = {type == KW_PROTO_KEYS ? "keys" : "results",
+                 cJSON_CreateArray(), cb, arg};
+    int rc = st.items ? model_header(c, config_json, deployment_json, name, &h)
+                      : fail(c, KW_ENOMEM, "%s", kw_strerror(KW_ENOMEM));
     if (rc == 0)
-        rc = request(c, type, h, KW_PROTO_RESULT, cb, arg, &m);
+        rc = request(c, type, h, KW_PROTO_RESULT, &st, &m);
     cJSON_Delete(h);
     if (rc == 0)
+        rc = assemble(c, type, &m, &st);
+    if (rc == 0)
         rc = take_json(c, &m, out);
+    cJSON_Delete(st.items);
     kw_msg_destroy(&m);
     return rc;
 }
@@ -579,7 +625,7 @@ static int fill_kernel(kw_client *c, const kw_msg *m, kw_client_kernel *out)
 static int get_request(kw_client *c, const cJSON *h, kw_client_kernel *out)
 {
     kw_msg m = {0};
-    int rc = request(c, KW_PROTO_GET, h, KW_PROTO_RESULT, NULL, NULL, &m);
+    int rc = request(c, KW_PROTO_GET, h, KW_PROTO_RESULT, NULL, &m);
     if (rc == 0)
         rc = fill_kernel(c, &m, out);
     kw_msg_destroy(&m);
@@ -661,7 +707,7 @@ int kw_client_stats(kw_client *c, char **reply_json)
     if (c == NULL || reply_json == NULL)
         return c ? fail(c, KW_EINVAL, "stats: NULL reply pointer") : KW_EINVAL;
     kw_msg m = {0};
-    int rc = request(c, KW_PROTO_STATS, NULL, KW_PROTO_RESULT, NULL, NULL, &m);
+    int rc = request(c, KW_PROTO_STATS, NULL, KW_PROTO_RESULT, NULL, &m);
     if (rc == 0)
         rc = take_json(c, &m, reply_json);
     kw_msg_destroy(&m);
@@ -680,7 +726,7 @@ int kw_client_evict(kw_client *c, const char *digest_hex, bool *evicted)
         return fail(c, KW_ENOMEM, "evict: %s", kw_strerror(KW_ENOMEM));
     }
     kw_msg m = {0};
-    int rc = request(c, KW_PROTO_EVICT, h, KW_PROTO_RESULT, NULL, NULL, &m);
+    int rc = request(c, KW_PROTO_EVICT, h, KW_PROTO_RESULT, NULL, &m);
     cJSON_Delete(h);
     if (rc == 0 && evicted != NULL)
         *evicted = cJSON_IsTrue(

@@ -102,16 +102,20 @@ int kw_client_keys(kw_client *c, const char *config_json,
                    char **reply_json);
 
 /* Called for each PROGRESS frame of a warmup with its JSON header
- * {"done", "total", "digest", "family", "status": "hit"|"compiled"|
- * "failed"}: once per key.  progress_json is borrowed for the call. */
+ * {"done": D, "total": T, "results": [{"digest", "family", "arch",
+ * "status": "hit"|"remote_hit"|"compiled"|"failed"|"cancelled", and for a
+ * failed key "error" and "log" (the NVRTC log, at most 64 KiB)}, ...]}:
+ * up to 256 results a frame.  progress_json is borrowed for the call. */
 typedef void (*kw_client_progress_fn)(const char *progress_json, void *arg);
 
 /* Warms the daemon's cache for a model (arguments as kw_client_keys()):
- * every key not cached is compiled, cb (may be NULL) is called per key as
- * it settles, and on 0 *result_json is a new string (free() it):
- * {"keys", "compiled", "hits", "failed", "seconds", "manifest": [{"digest",
- * "family", "arch", "status"}, ...]}.  Keys that fail to compile do not
- * make the call fail: check "failed".  *result_json untouched on error. */
+ * every key not cached is compiled, cb (may be NULL) is called per
+ * PROGRESS frame as keys settle, and on 0 *result_json is a new string
+ * (free() it): {"keys", "hits", "remote_hits", "compiled", "failed",
+ * "cancelled", "seconds", "manifest": [every result, as streamed]}.  Keys
+ * that fail to compile, or are cancelled because kwarmd stopped, do not
+ * make the call fail: check "failed" and "cancelled".  *result_json
+ * untouched on error. */
 int kw_client_warmup(kw_client *c, const char *config_json,
                      const char *deployment_json, const char *name,
                      kw_client_progress_fn cb, void *arg, char **result_json);

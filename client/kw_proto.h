@@ -36,15 +36,21 @@
 #include <cjson/cJSON.h>
 
 #define KW_PROTO_MAGIC 0x4D52574Bu /* "KWRM" */
-#define KW_PROTO_VERSION 1u
+/* Version 2 (kwarm 0.2): keys and warmup stream their keys and per-key
+ * results in PROGRESS frames and end with a counts-only RESULT; reply
+ * headers may reach KW_PROTO_MAX_REPLY_HEADER. */
+#define KW_PROTO_VERSION 2u
 #define KW_PROTO_HEAD_LEN 16u /* the fixed header */
 
 /* Caps, each checked from the fixed header before the body is awaited or
  * anything is allocated for it. */
-#define KW_PROTO_MAX_HEADER (64u * 1024u)          /* JSON header bytes */
+#define KW_PROTO_MAX_HEADER (64u * 1024u)  /* JSON header bytes, requests */
+/* JSON header bytes of a reply: a PROGRESS frame of a warmup may carry the
+ * NVRTC logs (64 KiB each) of failed keys. */
+#define KW_PROTO_MAX_REPLY_HEADER (1024u * 1024u)
 #define KW_PROTO_MAX_PAYLOAD (64u * 1024u * 1024u) /* payload (replies) */
 #define KW_PROTO_MAX_FRAME \
-    (KW_PROTO_HEAD_LEN + KW_PROTO_MAX_HEADER + KW_PROTO_MAX_PAYLOAD)
+    (KW_PROTO_HEAD_LEN + KW_PROTO_MAX_REPLY_HEADER + KW_PROTO_MAX_PAYLOAD)
 /* The largest request frame (requests carry no payload): the per-connection
  * read buffer cap for kwarmd. */
 #define KW_PROTO_MAX_REQUEST (KW_PROTO_HEAD_LEN + KW_PROTO_MAX_HEADER)
@@ -92,9 +98,12 @@ typedef struct kw_msg {
  * for a reader deciding how much to buffer.  The fields are checked in wire
  * order as soon as their bytes are present, so a stream that starts "GET "
  * is refused at its first byte:
- *   magic, version                       KW_EPROTO (close without reading on)
+ *   magic                                KW_EPROTO (close without reading on)
+ *   version other than KW_PROTO_VERSION  KW_EVERSION (kw_proto_frame_version()
+ *                                        tells which; answer with an error
+ *                                        frame naming both, then close)
  *   type unknown                         KW_EPROTO
- *   header_len > KW_PROTO_MAX_HEADER     KW_E2BIG
+ *   header_len > kw_proto_max_header()   KW_E2BIG
  *   payload_len > 0 and type is not
  *     KW_PROTO_RESULT (all requests)     KW_EPROTO
  *   payload_len > KW_PROTO_MAX_PAYLOAD   KW_E2BIG
@@ -197,6 +206,14 @@ const char *kw_proto_type_name(uint16_t type);
 
 /* True for the six request types. */
 bool kw_proto_is_request(uint16_t type);
+
+/* The cap on header_len for frames of type: KW_PROTO_MAX_HEADER for
+ * requests (and unknown types), KW_PROTO_MAX_REPLY_HEADER for replies. */
+uint32_t kw_proto_max_header(uint16_t type);
+
+/* The version field of the frame at buf (0 when fewer than 6 bytes), for
+ * the message of a KW_EVERSION. */
+unsigned kw_proto_frame_version(const uint8_t *buf, size_t len);
 
 /* True for the four reply types. */
 bool kw_proto_is_reply(uint16_t type);

@@ -50,6 +50,17 @@ bool kw_proto_is_request(uint16_t type)
     return type >= KW_PROTO_PING && type <= KW_PROTO_EVICT;
 }
 
+uint32_t kw_proto_max_header(uint16_t type)
+{
+    return kw_proto_is_reply(type) ? KW_PROTO_MAX_REPLY_HEADER
+                                   : KW_PROTO_MAX_HEADER;
+}
+
+unsigned kw_proto_frame_version(const uint8_t *buf, size_t len)
+{
+    return len >= 6 ? rd16(buf + 4) : 0;
+}
+
 bool kw_proto_is_reply(uint16_t type)
 {
     return type >= KW_PROTO_PONG && type <= KW_PROTO_ERROR;
@@ -84,7 +95,7 @@ static int check_head(const uint8_t *buf, size_t len, int accept,
     if (memcmp(buf, magic, len < 4 ? len : 4) != 0)
         return KW_EPROTO;
     if (len >= 6 && rd16(buf + 4) != KW_PROTO_VERSION)
-        return KW_EPROTO;
+        return KW_EVERSION;
     if (len >= 8) {
         uint16_t t = rd16(buf + 6);
         int dir = kw_proto_is_request(t) ? ACCEPT_REQUEST
@@ -93,7 +104,7 @@ static int check_head(const uint8_t *buf, size_t len, int accept,
         if ((dir & accept) == 0)
             return KW_EPROTO;
     }
-    if (len >= 12 && rd32(buf + 8) > KW_PROTO_MAX_HEADER)
+    if (len >= 12 && rd32(buf + 8) > kw_proto_max_header(rd16(buf + 6)))
         return KW_E2BIG;
     if (len < KW_PROTO_HEAD_LEN)
         return KW_PROTO_MORE;
@@ -199,7 +210,7 @@ size_t kw_proto_encode_head(uint8_t hdr[16], uint16_t type,
 {
     if (!kw_proto_is_request(type) && !kw_proto_is_reply(type))
         return 0;
-    if (header_len > KW_PROTO_MAX_HEADER ||
+    if (header_len > kw_proto_max_header(type) ||
         payload_len > KW_PROTO_MAX_PAYLOAD)
         return 0;
     if (payload_len > 0 && type != KW_PROTO_RESULT)
@@ -215,7 +226,8 @@ size_t kw_proto_encode_head(uint8_t hdr[16], uint16_t type,
 /* Prints header (NULL: none) and checks that the text would parse back.
  * Returns 0 with *text (free() it, NULL for none) and *len; KW_EINVAL,
  * KW_E2BIG or KW_ENOMEM. */
-static int print_header(const cJSON *header, char **text, size_t *len)
+static int print_header(const cJSON *header, uint32_t cap, char **text,
+                        size_t *len)
 {
     *text = NULL;
     *len = 0;
@@ -232,7 +244,7 @@ static int print_header(const cJSON *header, char **text, size_t *len)
     if (s == NULL)
         return KW_ENOMEM;
     size_t n = strlen(s);
-    rc = n > KW_PROTO_MAX_HEADER ? KW_E2BIG : 0;
+    rc = n > cap ? KW_E2BIG : 0;
     /* The text: strings hold valid UTF-8 and no "\u0000". */
     if (rc == 0 && kw_json_check_text(s, n, KW_PROTO_MAX_DEPTH, NULL, 0) < 0)
         rc = KW_EINVAL;
@@ -258,7 +270,7 @@ static int encode(uint16_t type, const cJSON *header, const void *payload,
         return KW_E2BIG;
     char *text;
     size_t n;
-    int rc = print_header(header, &text, &n);
+    int rc = print_header(header, kw_proto_max_header(type), &text, &n);
     if (rc != 0)
         return rc;
     uint8_t head[KW_PROTO_HEAD_LEN];

@@ -8,8 +8,10 @@
 Loading a cubin is optional and needs cupy: load_function(cubin, entry).
 
 The wire format (client/kw_proto.h): a 16-byte little-endian head
-(magic "KWRM", version 1, type, header_len, payload_len), a JSON header
-object, then an optional binary payload (only in RESULT replies).
+(magic "KWRM", version 2, type, header_len, payload_len), a JSON header
+object, then an optional binary payload (only in RESULT replies).  keys and
+warmup stream their keys and results in PROGRESS frames of up to 256 and
+end with a RESULT of counts; this client puts them back into one document.
 """
 import json
 import os
@@ -17,11 +19,12 @@ import socket
 import struct
 
 MAGIC = 0x4D52574B
-VERSION = 1
+VERSION = 2
 PING, KEYS, WARMUP, GET, STATS, EVICT = 1, 2, 3, 4, 5, 6
 PONG, RESULT, PROGRESS, ERROR = 64, 65, 66, 67
 HEAD = struct.Struct("<IHHII")
-MAX_HEADER = 64 * 1024
+MAX_HEADER = 64 * 1024          # request headers
+MAX_REPLY_HEADER = 1024 * 1024  # reply headers (warmup results carry logs)
 MAX_PAYLOAD = 64 * 1024 * 1024
 
 
@@ -78,9 +81,13 @@ class Client:
 
     def _recv(self):
         magic, version, type_, hlen, plen = HEAD.unpack(self._recv_exact(HEAD.size))
-        if magic != MAGIC or version != VERSION:
-            raise ConnectionError("not a kwarmd reply (bad magic or version)")
-        if hlen > MAX_HEADER or plen > MAX_PAYLOAD:
+        if magic != MAGIC:
+            raise ConnectionError("not a kwarmd reply (bad magic)")
+        if version != VERSION:
+            raise ConnectionError("kwarmd speaks protocol version %d, this client "
+                                  "version %d: upgrade the older one"
+                                  % (version, VERSION))
+        if hlen > MAX_REPLY_HEADER or plen > MAX_PAYLOAD:
             raise ConnectionError("reply exceeds protocol limits")
         header = json.loads(self._recv_exact(hlen)) if hlen else {}
         payload = self._recv_exact(plen) if plen else b""
@@ -105,21 +112,41 @@ class Client:
             req["text_config"] = text_config
         return req
 
+    def _stream(self, type_, request, member, progress=None):
+        """Sends a streamed request; returns (RESULT header, the items of
+        every PROGRESS frame's array `member`, in order)."""
+        self._send(type_, request)
+        items = []
+        while True:
+            rtype, header, _ = self._recv()
+            if rtype != PROGRESS:
+                return header, items
+            items.extend(header.get(member, []))
+            if progress:
+                progress(header)
+
     def keys(self, config, deployment=None, name="config.json", text_config=None):
         """The document of `kwarm keys --json` for a config dict."""
-        return self._call(KEYS, self._model(config, deployment, name, text_config))[1]
+        doc, keys = self._stream(KEYS, self._model(config, deployment, name,
+                                                   text_config), "keys")
+        if doc.pop("count", None) != len(keys):
+            raise ConnectionError("kwarmd streamed a different number of keys "
+                                  "than it counted")
+        doc["keys"] = keys
+        return doc
 
     def warmup(self, config, deployment=None, progress=None, name="config.json",
                text_config=None):
-        """Compiles what is missing; progress(dict) per key; the manifest."""
-        self._send(WARMUP, self._model(config, deployment, name, text_config))
-        while True:
-            type_, header, _ = self._recv()
-            if type_ == PROGRESS:
-                if progress:
-                    progress(header)
-                continue
-            return header
+        """Compiles what is missing.  progress(frame) is called per PROGRESS
+        frame ({"done", "total", "results": [...]}).  Returns the counts
+        {"keys", "hits", "remote_hits", "compiled", "failed", "cancelled",
+        "seconds"} plus "manifest": every key's result {"digest", "family",
+        "arch", "status", and "error"/"log" when it failed}."""
+        doc, results = self._stream(WARMUP, self._model(config, deployment, name,
+                                                        text_config),
+                                    "results", progress)
+        doc["manifest"] = results
+        return doc
 
     def get(self, digest=None, family=None, fields=None, arch="sm_90", compile=True):
         """(header, cubin bytes) of a key, by digest or family/fields/arch."""
