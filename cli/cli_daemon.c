@@ -37,12 +37,16 @@ static const char ping_usage[] =
 static const char warmup_usage[] =
     "usage: kwarm warmup --model CONFIG.json [DEPLOYMENT] [--socket PATH] "
     "[--json]\n"
+    "                    [--quiet]\n"
     "\n"
     "Asks a running kwarmd to compile every key of this model and deployment\n"
-    "that its cache lacks, showing progress; exit 1 when a key failed.\n"
+    "that its cache lacks, showing progress and each failed key's NVRTC log;\n"
+    "exit 1 when a key failed or kwarmd stopped before the end.\n"
     "\n"
-    "  --json                     kwarmd's result: keys, compiled, hits,\n"
-    "                             failed, seconds and the manifest\n";
+    "  --json                     one document: keys, hits, remote_hits,\n"
+    "                             compiled, failed, cancelled, seconds and\n"
+    "                             the manifest (every key's result)\n"
+    "  --quiet                    no progress on stderr\n";
 
 static const char get_usage[] =
     "usage: kwarm get (--digest HEX | --family F --fields k=v,... --arch sm_XX)\n"
@@ -395,7 +399,7 @@ int kw__cli_get_socket(int argc, char **argv)
 typedef struct warm_opts {
     kw__cli_model a;
     const char *socket;
-    bool json;
+    bool json, quiet;
 } warm_opts;
 
 /* Adds field f of d to obj, as a --deploy file would spell it. */
@@ -476,24 +480,44 @@ static int read_config(const char *path, char **text)
     return -1;
 }
 
-/* Draws the progress bar of a warmup from one PROGRESS header, on stderr
- * when it is a terminal (arg points to that bool). */
+/* What a warmup shows while it runs (arg of on_progress). */
+typedef struct warm_view {
+    kw__cli_progress progress;
+    size_t failed_shown;
+} warm_view;
+
+#define KW_CLI_MAX_FAILS 5 /* failures printed in full */
+
+/* Prints the failed keys of one PROGRESS frame's results (the first
+ * KW_CLI_MAX_FAILS of the warmup, with their NVRTC logs). */
+static void show_failures(const cJSON *results, warm_view *v)
+{
+    const cJSON *k;
+    cJSON_ArrayForEach(k, results) {
+        const char *st = cJSON_GetStringValue(
+            cJSON_GetObjectItemCaseSensitive(k, "status"));
+        if (st == NULL || strcmp(st, "failed") != 0 ||
+            v->failed_shown++ >= KW_CLI_MAX_FAILS)
+            continue;
+        const char *f[5] = {"family", "arch", "digest", "error", "log"}, *s[5];
+        for (size_t i = 0; i < 5; i++)
+            s[i] = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(k, f[i]));
+        kw__cli_print_failure("warmup", s[0] ? s[0] : "?", s[1] ? s[1] : "?",
+                              s[2] ? s[2] : "?", s[3] ? s[3] : "failed", s[4]);
+    }
+}
+
+/* One PROGRESS frame: failures in full, then the progress display. */
 static void on_progress(const char *progress_json, void *arg)
 {
-    if (!*(bool *)arg)
-        return;
+    warm_view *v = arg;
     cJSON *p = cJSON_Parse(progress_json);
     const cJSON *done = cJSON_GetObjectItemCaseSensitive(p, "done");
     const cJSON *total = cJSON_GetObjectItemCaseSensitive(p, "total");
-    if (cJSON_IsNumber(done) && cJSON_IsNumber(total) && total->valuedouble > 0) {
-        size_t d = (size_t)done->valuedouble, n = (size_t)total->valuedouble;
-        int width = 30, fill = d >= n ? width : (int)(d * (size_t)width / n);
-        fprintf(stderr, "\rwarmup [%.*s%*s] %zu/%zu", fill,
-                "##############################", width - fill, "", d, n);
-        if (d >= n)
-            fputc('\n', stderr);
-        fflush(stderr);
-    }
+    show_failures(cJSON_GetObjectItemCaseSensitive(p, "results"), v);
+    if (cJSON_IsNumber(done) && cJSON_IsNumber(total))
+        kw__cli_progress_show(&v->progress, (size_t)done->valuedouble,
+                              (size_t)total->valuedouble);
     cJSON_Delete(p);
 }
 
@@ -504,49 +528,31 @@ static size_t count_of(const cJSON *obj, const char *name)
     return cJSON_IsNumber(v) && v->valuedouble > 0 ? (size_t)v->valuedouble : 0;
 }
 
-/* Names the failed keys of a warmup result in one stderr line. */
-static void print_failed(const cJSON *res, size_t failed)
-{
-    char list[512] = "";
-    size_t shown = 0, used = 0;
-    const cJSON *man = cJSON_GetObjectItemCaseSensitive(res, "manifest");
-    const cJSON *k;
-    cJSON_ArrayForEach(k, man) {
-        const cJSON *st = cJSON_GetObjectItemCaseSensitive(k, "status");
-        const cJSON *fam = cJSON_GetObjectItemCaseSensitive(k, "family");
-        const cJSON *dg = cJSON_GetObjectItemCaseSensitive(k, "digest");
-        if (!cJSON_IsString(st) || strcmp(st->valuestring, "failed") != 0 ||
-            !cJSON_IsString(fam) || !cJSON_IsString(dg) || shown == 4)
-            continue;
-        int w = snprintf(list + used, sizeof list - used, "%s%s %.16s",
-                         shown ? ", " : "", fam->valuestring, dg->valuestring);
-        if (w > 0 && (size_t)w < sizeof list - used)
-            used += (size_t)w;
-        shown++;
-    }
-    kw__cli_err("warmup", "%zu key%s failed to compile (kwarmd's log has "
-                "the NVRTC output): %s%s", failed, failed == 1 ? "" : "s",
-                list, failed > shown ? ", ..." : "");
-}
-
-/* Prints a warmup's result; returns 1 when a key failed, else 0. */
-static int print_result(const char *json, const warm_opts *o, const char *path)
+/* Prints a warmup's result; returns 1 when a key failed or was cancelled,
+ * else 0. */
+static int print_result(const char *json, const warm_opts *o, const char *path,
+                        const warm_view *v)
 {
     cJSON *res = cJSON_Parse(json);
-    size_t failed = count_of(res, "failed");
+    size_t failed = count_of(res, "failed"), cancelled = count_of(res, "cancelled");
     if (o->json) {
         printf("%s\n", json);
     } else {
         const cJSON *secs = cJSON_GetObjectItemCaseSensitive(res, "seconds");
-        printf("warmup: %zu keys: %zu compiled, %zu hits, %zu failed in "
-               "%.2f s (kwarmd at %s)\n", count_of(res, "keys"),
-               count_of(res, "compiled"), count_of(res, "hits"), failed,
+        printf("warmup: %zu keys: %zu compiled, %zu hits, %zu remote hits, "
+               "%zu failed in %.2f s (kwarmd at %s)\n", count_of(res, "keys"),
+               count_of(res, "compiled"), count_of(res, "hits"),
+               count_of(res, "remote_hits"), failed,
                cJSON_IsNumber(secs) ? secs->valuedouble : 0.0, path);
     }
-    if (failed > 0)
-        print_failed(res, failed);
+    if (failed > v->failed_shown || (failed > KW_CLI_MAX_FAILS))
+        kw__cli_err("warmup", "%zu key%s failed to compile (the first %d "
+                    "shown above)", failed, failed == 1 ? "" : "s",
+                    KW_CLI_MAX_FAILS);
+    if (cancelled > 0)
+        kw__cli_err("warmup", "kwarmd stopped: %zu keys cancelled", cancelled);
     cJSON_Delete(res);
-    return failed > 0 ? KW_CLI_RUNTIME : KW_CLI_OK;
+    return failed > 0 || cancelled > 0 ? KW_CLI_RUNTIME : KW_CLI_OK;
 }
 
 /* Sends the warmup of the loaded model in o; prints its outcome. */
@@ -554,17 +560,17 @@ static int warmup_run(warm_opts *o, const char *config, const char *dep)
 {
     kw_client *c = NULL;
     char *result = NULL;
-    bool tty = isatty(STDERR_FILENO);
+    warm_view v = {.failed_shown = 0};
+    kw__cli_progress_init(&v.progress, "warmup", o->quiet);
     int rc = connect_to("warmup", o->socket, &c);
     if (rc != KW_CLI_OK)
         return rc;
     kw_client_set_timeout(c, 0); /* progress comes as compiles finish */
-    rc = kw_client_warmup(c, config, dep, o->a.model, on_progress, &tty,
-                          &result);
+    rc = kw_client_warmup(c, config, dep, o->a.model, on_progress, &v, &result);
     if (rc < 0)
         rc = request_failed("warmup", c, rc);
     else
-        rc = print_result(result, o, kw_client_path(c));
+        rc = print_result(result, o, kw_client_path(c), &v);
     free(result);
     kw_client_close(c);
     return rc;
@@ -583,6 +589,8 @@ static int warmup_parse(warm_opts *o, int argc, char **argv)
             continue;
         if (strcmp(argv[i], "--json") == 0)
             o->json = true;
+        else if (strcmp(argv[i], "--quiet") == 0)
+            o->quiet = true;
         else if (is_help(argv[i]))
             return print_usage(warmup_usage, true);
         else
@@ -593,7 +601,7 @@ static int warmup_parse(warm_opts *o, int argc, char **argv)
 
 int kw__cli_warmup(int argc, char **argv)
 {
-    warm_opts o = {.socket = NULL, .json = false};
+    warm_opts o = {.socket = NULL, .json = false, .quiet = false};
     char *config = NULL, *dep = NULL;
     kw__cli_model_init(&o.a);
     int rc = warmup_parse(&o, argc, argv);

@@ -2,15 +2,17 @@
  * an LMDB cache directory without a daemon (bake it into an image, or warm
  * a node before traffic moves).
  *
- * Each key is first fetched from the cache, which verifies its checksum: a
- * hit is kept, a corrupt entry is reported (the cache removes it) and
- * compiled again like a miss.  Misses compile on --jobs worker threads,
- * each storing its result in the cache as soon as it is done, so an
- * interrupted prewarm keeps every entry it finished.
+ * It runs the same warm pipeline as kwarmd (warm/kw_warm.h): each key is
+ * looked up (its checksum verified: a corrupt entry is removed and
+ * compiled again), fetched from the fleet tier when --remote is given, or
+ * compiled in --jobs worker processes and stored at once, so an
+ * interrupted prewarm keeps every entry it finished.  The deployment's
+ * entries are never evicted by its own puts; when they cannot fit beside
+ * the pinned entries, it fails before writing anything.
  */
 #include "cli.h"
 
-#include <stdatomic.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,139 +21,76 @@
 #include "kw_cache.h"
 #include "kw_err.h"
 #include "kw_parse.h"
+#include "kw_warm.h"
 
 static const char prewarm_usage[] =
     "usage: kwarm prewarm --model CONFIG.json [DEPLOYMENT] --cache DIR\n"
-    "                     [--jobs N] [--pin] [--max-size SIZE] [--json]\n"
+    "                     [--jobs N] [--pin NAME] [--max-size SIZE] [--json]\n"
+    "                     [--quiet] [--compile-timeout S]\n"
+    "                     [--remote redis://HOST:PORT[/DB] --remote-key-file F]\n"
     "\n"
     "Compiles every missing key of the model and deployment into the cache\n"
-    "directory DIR (LMDB, created if missing), N at a time. Keys already\n"
-    "cached are verified (checksum) and counted as hits; a second prewarm of\n"
-    "the same deployment compiles nothing.\n"
+    "directory DIR (LMDB, created if missing), in N worker processes. Keys\n"
+    "already cached are verified (checksum) and counted as hits; a second\n"
+    "prewarm of the same deployment compiles nothing. Exit 1 when a key\n"
+    "failed or the deployment does not fit in the cache.\n"
     "\n"
     "  --cache DIR                the cache directory (local disk, not NFS)\n"
-    "  --jobs N                   compile threads (default: the cores)\n"
-    "  --pin                      never evict these entries\n"
-    "  --max-size SIZE            cache size limit: bytes, or with K/M/G\n"
-    "                             (default 1G)\n"
-    "  --json                     {\"keys\", \"compiled\", \"hits\", \"failed\",\n"
+    "  --jobs N                   compile worker processes (default: the cores)\n"
+    "  --pin NAME                 record the deployment's keys as the pin set\n"
+    "                             NAME: never evicted until kwarm unpin NAME\n"
+    "  --max-size SIZE            size limit of a cache created now: bytes, or\n"
+    "                             with K/M/G (default 1G)\n"
+    "  --json                     {\"keys\", \"hits\", \"remote_hits\",\n"
+    "                             \"compiled\", \"failed\", \"cancelled\",\n"
     "                             \"seconds\"} instead of the summary\n"
+    "  --quiet                    no progress on stderr\n"
+    "  --compile-timeout S        a compile running longer fails (120)\n"
+    "  --remote URL               fleet tier: fetch keys other nodes compiled,\n"
+    "                             write back what this prewarm compiles\n"
+    "  --remote-key-file F        the fleet's HMAC key file (with --remote)\n"
     "  -h, --help                 this text\n"
     "\n";
 
 typedef struct prewarm_opts {
-    const char *cache;
-    unsigned jobs;
+    const char *cache, *pin, *remote, *remote_key;
+    unsigned jobs, timeout_s;
     uint64_t max_size;
-    bool pin, json;
+    bool json, quiet;
 } prewarm_opts;
 
-/* Shared by the compile workers: where results go. */
-typedef struct store_ctx {
-    kw_cache *cache;
-    const kw_keys_key *keys;
-    kw_jit_result *res;
-    int *rc;      /* compile code, then the put's code */
-    bool pin;
-    int nvrtc_major, nvrtc_minor;
-    _Atomic unsigned failures; /* printed in full up to KW_CLI_MAX_FAILS */
-} store_ctx;
+#define KW_CLI_MAX_FAILS 5 /* failures printed in full */
 
-#define KW_CLI_MAX_FAILS 5
+/* What the callbacks gather; lock/cond signal the last result. */
+typedef struct tally {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    size_t count[KW_WARM_CANCELLED + 1];
+    size_t done, total;
+    bool finished;
+    kw__cli_progress progress;
+} tally;
 
-/* Fills the cache metadata of key k compiled into r. */
-static void fill_info(kw_cache_info *info, const kw_keys_key *k,
-                      const kw_jit_result *r, int major, int minor)
+/* warm's callback: count, print a failure, draw progress. */
+static void on_result(const kw_warm_result *r, void *arg)
 {
-    memset(info, 0, sizeof *info);
-    snprintf(info->family, sizeof info->family, "%s",
-             kw_keys_family_name(k->family));
-    info->nfields = (uint32_t)kw_keys_nfields(k->family);
-    memcpy(info->fields, k->fields, info->nfields * sizeof k->fields[0]);
-    snprintf(info->arch, sizeof info->arch, "%s", k->arch);
-    snprintf(info->entry, sizeof info->entry, "%s",
-             r->lowered_name ? r->lowered_name : "");
-    snprintf(info->nvrtc, sizeof info->nvrtc, "%d.%d", major, minor);
-    info->compile_seconds = r->seconds;
-}
-
-/* Worker callback: store key i's cubin, then free the compile result. */
-static void store_one(size_t i, void *arg)
-{
-    store_ctx *s = arg;
-    if (s->rc[i] == 0) {
-        kw_cache_info info;
-        bool stored;
-        fill_info(&info, &s->keys[i], &s->res[i], s->nvrtc_major,
-                  s->nvrtc_minor);
-        s->rc[i] = kw_cache_put(s->cache, s->keys[i].digest, &info,
-                                s->res[i].cubin, s->res[i].cubin_len, s->pin,
-                                &stored);
-        kw_cache_count(s->cache, KW_CACHE_COMPILES, 1);
-    } else
-        kw_cache_count(s->cache, KW_CACHE_COMPILE_FAILURES, 1);
-    if (s->rc[i] < 0 && atomic_fetch_add(&s->failures, 1) < KW_CLI_MAX_FAILS) {
-        /* The compile's log, or the cache's own reason (this thread's). */
-        const char *why = s->res[i].log ? s->res[i].log
-                                        : kw_cache_last_error(s->cache);
-        kw__cli_err("prewarm", "%s %s: %s%s%s", kw_keys_family_name(s->keys[i].family),
-                    s->keys[i].arch, kw_strerror(s->rc[i]),
-                    why && why[0] ? ": " : "", why ? why : "");
+    tally *t = arg;
+    t->count[r->status]++;
+    t->done++;
+    if (r->status == KW_WARM_FAILED &&
+        t->count[KW_WARM_FAILED] <= KW_CLI_MAX_FAILS) {
+        char hex[KW_KEYS_HEX_LEN];
+        kw_keys_hex(r->key->digest, hex);
+        kw__cli_print_failure("prewarm", kw_keys_family_name(r->key->family),
+                              r->key->arch, hex, kw_strerror(r->rc), r->log);
     }
-    kw_jit_result_destroy(&s->res[i]);
-}
-
-/* Fetches every key from the cache: hits are counted, misses (and corrupt
- * entries, which the cache removed) are gathered into miss[].  Returns how
- * many misses. */
-static size_t find_misses(kw_cache *c, const kw_keys_set *set,
-                          kw_keys_key *miss, size_t *hits)
-{
-    size_t n = 0;
-    *hits = 0;
-    for (size_t i = 0; i < set->nkeys; i++) {
-        void *blob = NULL;
-        size_t len = 0;
-        int rc = kw_cache_get(c, set->keys[i].digest, &blob, &len, NULL);
-        free(blob);
-        if (rc == 0) {
-            (*hits)++;
-            continue;
-        }
-        if (rc == KW_ECORRUPT) {
-            char hex[KW_KEYS_HEX_LEN];
-            kw_keys_hex(set->keys[i].digest, hex);
-            kw__cli_err("prewarm", "%.16s: cached entry failed its checksum; "
-                        "removed, compiling again", hex);
-        }
-        miss[n++] = set->keys[i];
+    kw__cli_progress_show(&t->progress, t->done, t->total);
+    if (r->last) {
+        pthread_mutex_lock(&t->lock);
+        t->finished = true;
+        pthread_cond_signal(&t->cond);
+        pthread_mutex_unlock(&t->lock);
     }
-    return n;
-}
-
-/* Compiles the misses into the cache; returns how many failed. */
-static size_t compile_misses(kw_cache *c, const kw_keys_key *miss, size_t n,
-                             const prewarm_opts *o)
-{
-    store_ctx s = {.cache = c, .keys = miss, .pin = o->pin};
-    size_t failed = 0;
-    s.res = calloc(n + 1, sizeof *s.res);
-    s.rc = calloc(n + 1, sizeof *s.rc);
-    if (s.res == NULL || s.rc == NULL) {
-        free(s.res);
-        free(s.rc);
-        return n;
-    }
-    kw_jit_version(&s.nvrtc_major, &s.nvrtc_minor);
-    kw__cli_compile_all(miss, n, o->jobs, s.res, s.rc, "prewarm", store_one, &s);
-    for (size_t i = 0; i < n; i++)
-        failed += s.rc[i] < 0;
-    if (failed > KW_CLI_MAX_FAILS)
-        kw__cli_err("prewarm", "... and %zu more failures like those",
-                    failed - KW_CLI_MAX_FAILS);
-    free(s.res);
-    free(s.rc);
-    return failed;
 }
 
 static double now(void)
@@ -161,82 +100,186 @@ static double now(void)
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-/* Runs the prewarm proper once the keys are derived. */
-static int prewarm_keys(const kw_keys_set *set, const prewarm_opts *o)
+/* Runs the keys through a warm pipeline on c; fills t.  Returns an exit
+ * code (the pipeline could not start: 1). */
+static int run_warm(kw_cache *c, kw_remote *remote, const kw_keys_set *set,
+                    const prewarm_opts *o, tally *t)
 {
-    kw_cache_opts co = {.dir = o->cache, .max_size = o->max_size};
-    kw_cache *c = NULL;
+    kw_warm_opts wo = {.cache = c, .remote = remote, .jobs = o->jobs,
+                       .compile_timeout_ms = o->timeout_s * 1000,
+                       .verify_hits = true};
+    kw_warm *w = NULL;
     char err[512];
-    double t0 = now();
-    int rc = kw_cache_open(&c, &co, err, sizeof err);
+    int rc = kw_warm_open(&w, &wo, err, sizeof err);
     if (rc < 0) {
         kw__cli_err("prewarm", "%s", err);
-        return rc == KW_EINVAL ? KW_CLI_USAGE : KW_CLI_RUNTIME;
-    }
-    kw_keys_key *miss = calloc(set->nkeys + 1, sizeof *miss);
-    if (miss == NULL) {
-        kw_cache_close(c);
-        kw__cli_err("prewarm", "%s", kw_strerror(KW_ENOMEM));
         return KW_CLI_RUNTIME;
     }
-    size_t hits, n = find_misses(c, set, miss, &hits);
-    size_t failed = compile_misses(c, miss, n, o);
-    kw_cache_flush(c);
-    double secs = now() - t0;
-    if (o->json)
-        printf("{\"keys\": %zu, \"compiled\": %zu, \"hits\": %zu, \"failed\": "
-               "%zu, \"seconds\": %.3f}\n", set->nkeys, n - failed, hits,
-               failed, secs);
-    else {
-        printf("prewarm: %zu keys: %zu compiled, %zu hits, %zu failed in "
-               "%.2f s\n", set->nkeys, n - failed, hits, failed, secs);
+    t->total = set->nkeys;
+    kw__cli_progress_init(&t->progress, "prewarm", o->quiet);
+    rc = kw_warm_submit(w, set->keys, set->nkeys, KW_WARM_PROTECT, on_result, t,
+                        NULL);
+    pthread_mutex_lock(&t->lock);
+    while (rc == 0 && !t->finished)
+        pthread_cond_wait(&t->cond, &t->lock);
+    pthread_mutex_unlock(&t->lock);
+    kw_warm_close(w);
+    if (rc < 0) {
+        kw__cli_err("prewarm", "%s", kw_strerror(rc));
+        return KW_CLI_RUNTIME;
+    }
+    return KW_CLI_OK;
+}
+
+/* Prints the outcome; returns the exit code. */
+static int report(kw_cache *c, const tally *t, const kw_keys_set *set,
+                  const prewarm_opts *o, double secs)
+{
+    size_t failed = t->count[KW_WARM_FAILED];
+    size_t cancelled = t->count[KW_WARM_CANCELLED];
+    if (failed > KW_CLI_MAX_FAILS)
+        kw__cli_err("prewarm", "... and %zu more failures",
+                    failed - KW_CLI_MAX_FAILS);
+    if (o->json) {
+        printf("{\"keys\": %zu, \"hits\": %zu, \"remote_hits\": %zu, "
+               "\"compiled\": %zu, \"failed\": %zu, \"cancelled\": %zu, "
+               "\"seconds\": %.3f}\n", set->nkeys, t->count[KW_WARM_HIT],
+               t->count[KW_WARM_REMOTE_HIT], t->count[KW_WARM_COMPILED], failed,
+               cancelled, secs);
+    } else {
+        printf("prewarm: %zu keys: %zu compiled, %zu hits, %zu remote hits, "
+               "%zu failed in %.2f s\n", set->nkeys, t->count[KW_WARM_COMPILED],
+               t->count[KW_WARM_HIT], t->count[KW_WARM_REMOTE_HIT], failed, secs);
         kw_cache_stats st;
         if (kw_cache_stats_get(c, &st) == 0)
             kw__cli_print_stats(&st, o->cache, false);
     }
-    free(miss);
-    kw_cache_close(c);
-    return failed == 0 ? KW_CLI_OK : KW_CLI_RUNTIME;
+    return failed == 0 && cancelled == 0 ? KW_CLI_OK : KW_CLI_RUNTIME;
 }
 
-/* Parses prewarm's own flags; returns -1 to go on, else an exit code. */
+/* Opens the cache and the fleet tier; prints why not.  An exit code. */
+static int open_stores(const prewarm_opts *o, kw_cache **c, kw_remote **r)
+{
+    kw_cache_opts co = {.dir = o->cache, .max_size = o->max_size};
+    char err[512];
+    int rc = kw_cache_open(c, &co, err, sizeof err);
+    if (rc == 0 && (rc = kw_warm_remote_open(r, o->remote, o->remote_key, 0, 0,
+                                             err, sizeof err)) < 0) {
+        kw_cache_close(*c);
+        *c = NULL;
+    }
+    if (rc < 0) {
+        kw__cli_err("prewarm", "%s", err);
+        return rc == KW_EINVAL ? KW_CLI_USAGE : KW_CLI_RUNTIME;
+    }
+    return KW_CLI_OK;
+}
+
+/* Runs the prewarm proper once the keys are derived. */
+static int prewarm_keys(const kw_keys_set *set, const prewarm_opts *o)
+{
+    kw_cache *c = NULL;
+    kw_remote *remote = NULL;
+    char err[1024];
+    tally t = {.lock = PTHREAD_MUTEX_INITIALIZER,
+               .cond = PTHREAD_COND_INITIALIZER};
+    double t0 = now();
+    int rc = open_stores(o, &c, &remote);
+    if (rc != KW_CLI_OK)
+        return rc;
+    if (set->nkeys > 0 && kw_warm_plan_check(c, set->keys, set->nkeys, err,
+                                             sizeof err) < 0) {
+        kw__cli_err("prewarm", "%s: %s", o->cache, err);
+        rc = KW_CLI_RUNTIME;
+    }
+    if (rc == KW_CLI_OK && set->nkeys > 0)
+        rc = run_warm(c, remote, set, o, &t);
+    if (rc == KW_CLI_OK && o->pin != NULL &&
+        kw_warm_pin(c, o->pin, set->keys, set->nkeys, err, sizeof err) < 0) {
+        kw__cli_err("prewarm", "%s", err);
+        rc = KW_CLI_RUNTIME;
+    }
+    kw_cache_flush(c);
+    if (rc == KW_CLI_OK)
+        rc = report(c, &t, set, o, now() - t0);
+    kw_remote_close(remote);
+    kw_cache_close(c);
+    return rc;
+}
+
+/* Reads the value of a flag into *dst; false after printing the error. */
+static bool take(const char **dst, int argc, char **argv, int *i)
+{
+    return (*dst = kw__cli_value("prewarm", argc, argv, i)) != NULL;
+}
+
+/* Parses --max-size and --compile-timeout; -1 to go on, else exit code. */
+static int parse_number(prewarm_opts *o, const char *arg, const char *v)
+{
+    uint64_t n;
+    if (kw__cli_is(arg, "--max-size")) {
+        if (kw_parse_size(v, &o->max_size) == 0 &&
+            o->max_size >= KW_CACHE_MIN_SIZE)
+            return -1;
+        kw__cli_err("prewarm", "--max-size: '%.32s' is not a size of at least "
+                    "1M (bytes, or with K, M, G)", v);
+        return KW_CLI_USAGE;
+    }
+    if (kw_parse_u64(v, 86400, &n) == 0 && n > 0) {
+        o->timeout_s = (unsigned)n;
+        return -1;
+    }
+    kw__cli_err("prewarm", "--compile-timeout: '%.32s' is not seconds in "
+                "[1, 86400]", v);
+    return KW_CLI_USAGE;
+}
+
+/* Parses one of prewarm's own flags at argv[*i]; -1 to go on, else an
+ * exit code. */
+static int parse_one(prewarm_opts *o, int argc, char **argv, int *i)
+{
+    const char *arg = argv[*i], *v;
+    if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
+        printf("%s%s", prewarm_usage, kw__cli_deploy_help);
+        return KW_CLI_OK;
+    }
+    if (strcmp(arg, "--json") == 0 || strcmp(arg, "--quiet") == 0) {
+        *(arg[2] == 'j' ? &o->json : &o->quiet) = true;
+        return -1;
+    }
+    if (kw__cli_is(arg, "--jobs"))
+        return kw__cli_jobs("prewarm", argc, argv, i, &o->jobs) < 0
+                   ? KW_CLI_USAGE : -1;
+    const char **str = kw__cli_is(arg, "--cache")             ? &o->cache
+                       : kw__cli_is(arg, "--pin")             ? &o->pin
+                       : kw__cli_is(arg, "--remote")          ? &o->remote
+                       : kw__cli_is(arg, "--remote-key-file") ? &o->remote_key
+                                                              : NULL;
+    if (str != NULL)
+        return take(str, argc, argv, i) ? -1 : KW_CLI_USAGE;
+    if (kw__cli_is(arg, "--max-size") || kw__cli_is(arg, "--compile-timeout"))
+        return take(&v, argc, argv, i) ? parse_number(o, arg, v) : KW_CLI_USAGE;
+    kw__cli_err("prewarm", "%s: unknown argument (see kwarm prewarm --help)", arg);
+    return KW_CLI_USAGE;
+}
+
+/* Parses prewarm's flags; returns -1 to go on, else an exit code. */
 static int parse(kw__cli_model *a, prewarm_opts *o, int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) {
         int rc = kw__cli_model_arg(a, "prewarm", argc, argv, &i);
-        if (rc != 0) {
-            if (rc < 0)
-                return -rc;
-            continue;
-        }
-        const char *arg = argv[i], *v;
-        if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
-            printf("%s%s", prewarm_usage, kw__cli_deploy_help);
-            return KW_CLI_OK;
-        } else if (strcmp(arg, "--pin") == 0)
-            o->pin = true;
-        else if (strcmp(arg, "--json") == 0)
-            o->json = true;
-        else if (kw__cli_is(arg, "--cache")) {
-            if ((o->cache = kw__cli_value("prewarm", argc, argv, &i)) == NULL)
-                return KW_CLI_USAGE;
-        } else if (kw__cli_is(arg, "--jobs")) {
-            if (kw__cli_jobs("prewarm", argc, argv, &i, &o->jobs) < 0)
-                return KW_CLI_USAGE;
-        } else if (kw__cli_is(arg, "--max-size")) {
-            if ((v = kw__cli_value("prewarm", argc, argv, &i)) == NULL)
-                return KW_CLI_USAGE;
-            if (kw_parse_size(v, &o->max_size) < 0 ||
-                o->max_size < KW_CACHE_MIN_SIZE) {
-                kw__cli_err("prewarm", "--max-size: '%.32s' is not a size of "
-                            "at least 1M (bytes, or with K, M, G)", v);
-                return KW_CLI_USAGE;
-            }
-        } else {
-            kw__cli_err("prewarm", "%s: unknown argument (see kwarm prewarm "
-                        "--help)", arg);
-            return KW_CLI_USAGE;
-        }
+        if (rc < 0)
+            return -rc;
+        if (rc == 0 && (rc = parse_one(o, argc, argv, &i)) >= 0)
+            return rc;
+    }
+    if (o->cache == NULL) {
+        kw__cli_err("prewarm", "--cache: required (see kwarm prewarm --help)");
+        return KW_CLI_USAGE;
+    }
+    if ((o->remote != NULL) != (o->remote_key != NULL)) {
+        kw__cli_err("prewarm", "--remote and --remote-key-file go together");
+        return KW_CLI_USAGE;
     }
     return -1;
 }
@@ -245,20 +288,12 @@ int kw__cli_prewarm(int argc, char **argv)
 {
     kw__cli_model a;
     kw_keys_set set = {0};
-    prewarm_opts o = {.jobs = kw__cli_default_jobs()};
+    prewarm_opts o = {.jobs = kw__cli_default_jobs(), .timeout_s = 120};
     kw__cli_model_init(&a);
     int rc = parse(&a, &o, argc, argv);
-    if (rc >= 0)
-        goto out;
-    if (o.cache == NULL) {
-        kw__cli_err("prewarm", "--cache: required (see kwarm prewarm --help)");
-        rc = KW_CLI_USAGE;
-        goto out;
-    }
-    if ((rc = kw__cli_model_load(&a, "prewarm")) == KW_CLI_OK &&
+    if (rc < 0 && (rc = kw__cli_model_load(&a, "prewarm")) == KW_CLI_OK &&
         (rc = kw__cli_derive(&a, "prewarm", &set)) == KW_CLI_OK)
         rc = prewarm_keys(&set, &o);
-out:
     kw_keys_set_destroy(&set);
     kw__cli_model_destroy(&a);
     return rc;

@@ -8,7 +8,7 @@
 enum { KW_LOG_ERR = 3, KW_LOG_WARNING = 4, KW_LOG_INFO = 6, KW_LOG_DEBUG = 7 };
 
 #ifndef KW_LOG_MAX
-#define KW_LOG_MAX KW_LOG_DEBUG
+#define KW_LOG_MAX KW_LOG_INFO /* debug lines compile in, cost nothing */
 #endif
 
 /* Tests the level before evaluating the arguments (redis serverLog). */
