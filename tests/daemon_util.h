@@ -467,25 +467,63 @@ static inline kwr kwc_must_recv(kwc *c, int ms)
     return r;
 }
 
-/* Sends a request and returns its final reply (PONG, RESULT or ERROR),
- * counting the PROGRESS frames before it into *nprogress (may be NULL). */
-static inline kwr kwc_call(kwc *c, uint16_t type, const cJSON *hdr,
-                           size_t *nprogress)
+static inline double kwr_num(const kwr *r, const char *name);
+
+/* Moves the items of the streamed array of PROGRESS frame r (keys:
+ * "keys", warmup: "results") to the end of items; returns how many. */
+static inline size_t kwc_take_items(kwr *r, cJSON *items)
+{
+    cJSON *arr = cJSON_GetObjectItemCaseSensitive(r->hdr, "results");
+    if (arr == NULL)
+        arr = cJSON_GetObjectItemCaseSensitive(r->hdr, "keys");
+    cr_assert(cJSON_IsArray(arr), "PROGRESS frame without results or keys");
+    size_t n = 0;
+    for (; arr->child != NULL; n++)
+        cJSON_AddItemToArray(items, cJSON_DetachItemViaPointer(arr, arr->child));
+    return n;
+}
+
+/* Sends a request and returns its final reply (PONG, RESULT or ERROR).
+ * The items streamed in PROGRESS frames before it (protocol 2) are put
+ * back into a RESULT, as libkwarm does: a keys reply gets "keys" (and its
+ * "count" checked), a warmup "manifest".  *nprogress (may be NULL) gets
+ * the number of streamed items, *nframes (may be NULL) of frames. */
+static inline kwr kwc_call_frames(kwc *c, uint16_t type, const cJSON *hdr,
+                                  size_t *nprogress, size_t *nframes)
 {
     int rc = kwc_send(c, type, hdr);
     cr_assert_eq(rc, 0, "send %s: %s", kw_proto_type_name(type),
                  kw_strerror(rc));
-    size_t n = 0;
+    size_t n = 0, frames = 0;
+    cJSON *items = cJSON_CreateArray();
     for (;;) {
         kwr r = kwc_must_recv(c, KWD_REPLY_MS);
         if (r.type != KW_PROTO_PROGRESS) {
             if (nprogress)
                 *nprogress = n;
+            if (nframes)
+                *nframes = frames;
+            if (r.type == KW_PROTO_RESULT && type == KW_PROTO_KEYS) {
+                cr_expect_eq(kwr_num(&r, "count"), (double)n, "keys count");
+                cJSON_DeleteItemFromObjectCaseSensitive(r.hdr, "count");
+                cJSON_AddItemToObject(r.hdr, "keys", items);
+            } else if (r.type == KW_PROTO_RESULT && type == KW_PROTO_WARMUP) {
+                cJSON_AddItemToObject(r.hdr, "manifest", items);
+            } else {
+                cJSON_Delete(items);
+            }
             return r;
         }
-        n++;
+        frames++;
+        n += kwc_take_items(&r, items);
         kwr_free(&r);
     }
+}
+
+static inline kwr kwc_call(kwc *c, uint16_t type, const cJSON *hdr,
+                           size_t *nprogress)
+{
+    return kwc_call_frames(c, type, hdr, nprogress, NULL);
 }
 
 /* Text of a reply header, for messages (free() it). */
@@ -607,6 +645,17 @@ static inline cJSON *kwd_kwarm_keys(const char *fixture, int dcp)
 
 /* The digests of a "keys" (kwarm keys --json) or "manifest" array, in
  * order: a new cJSON array of strings. */
+/* How many keys `kwarm keys` derives for fixture at DCP world dcp (0:
+ * the default deployment). */
+static inline int kwd_count_keys(const char *fixture, int dcp)
+{
+    cJSON *doc = kwd_kwarm_keys(fixture, dcp);
+    int n = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(doc, "keys"));
+    cJSON_Delete(doc);
+    cr_assert(n > 0, "%s: no keys", fixture);
+    return n;
+}
+
 static inline cJSON *kwd_digests(const cJSON *arr)
 {
     cr_assert(cJSON_IsArray(arr), "not an array");

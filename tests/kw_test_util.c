@@ -179,6 +179,28 @@ int kw_test_run(const char *const argv[], char **out, char **err)
     return WEXITSTATUS(status);
 }
 
+static void *proc_main(void *arg)
+{
+    kw_test_proc *p = arg;
+    p->status = kw_test_run(p->argv, &p->out, &p->err);
+    return NULL;
+}
+
+int kw_test_spawn(const char *const argv[], kw_test_proc *p)
+{
+    memset(p, 0, sizeof *p);
+    p->argv = argv;
+    return pthread_create(&p->thread, NULL, proc_main, p) == 0 ? 0 : -1;
+}
+
+int kw_test_wait(kw_test_proc *p, char **out, char **err)
+{
+    pthread_join(p->thread, NULL);
+    *out = p->out ? p->out : strdup("");
+    *err = p->err ? p->err : strdup("");
+    return p->status;
+}
+
 /* Copies the ELF header out of buf when it is a 64-bit little-endian ELF
  * whose header fits; false otherwise.  memcpy avoids unaligned reads. */
 static bool elf_header(const uint8_t *buf, size_t len, Elf64_Ehdr *eh)

@@ -6,6 +6,7 @@
 #ifndef KW_TEST_UTIL_H
 #define KW_TEST_UTIL_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -22,6 +23,18 @@ char *kw_test_read_file(const char *path, size_t *len);
  * Returns the exit status (0..255), or -1 when the program was killed by a
  * signal or could not be started (*err then says why). */
 int kw_test_run(const char *const argv[], char **out, char **err);
+
+/* kw_test_run() in a background thread: start it, do other things, then
+ * collect its exit status, stdout and stderr with kw_test_wait().  argv
+ * must stay valid until then. */
+typedef struct kw_test_proc {
+    pthread_t thread;
+    const char *const *argv;
+    char *out, *err;
+    int status;
+} kw_test_proc;
+int kw_test_spawn(const char *const argv[], kw_test_proc *p);
+int kw_test_wait(kw_test_proc *p, char **out, char **err);
 
 /* The e_machine of a 64-bit little-endian ELF image (190 is EM_CUDA), or -1
  * when buf is not one or its header is truncated. */

@@ -244,9 +244,10 @@ Test(client, keys_match_kwarm_keys_json)
     stop_daemon();
 }
 
-/* Counts PROGRESS frames and checks each names a key with a status. */
+/* Counts the results streamed in PROGRESS frames (calls: results, not
+ * frames) and checks each names a key with a status. */
 typedef struct progress_log {
-    int calls;
+    int calls, frames;
     long last_done, total;
 } progress_log;
 
@@ -255,12 +256,17 @@ static void on_progress(const char *json, void *arg)
     progress_log *p = arg;
     cJSON *h = cJSON_Parse(json);
     cr_assert_not_null(h, "progress is not JSON: %s", json);
-    p->calls++;
+    p->frames++;
     p->last_done = num(h, "done");
     p->total = num(h, "total");
-    cr_expect_eq(strlen(str(h, "digest")), 64);
-    const char *st = str(h, "status");
-    cr_expect(strcmp(st, "compiled") == 0 || strcmp(st, "hit") == 0, "%s", st);
+    const cJSON *e;
+    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(h, "results")) {
+        p->calls++;
+        cr_expect_eq(strlen(str(e, "digest")), 64);
+        const char *st = str(e, "status");
+        cr_expect(strcmp(st, "compiled") == 0 || strcmp(st, "hit") == 0, "%s", st);
+    }
+    cr_expect(p->frames <= p->calls, "a PROGRESS frame without results");
     cJSON_Delete(h);
 }
 
@@ -625,7 +631,7 @@ Test(client, refuses_every_malformed_reply)
 {
     char f[8][64];
     head(f[0], 0x50545448u /* "HTTP" */, KW_PROTO_PONG, 0, 0);
-    head(f[1], KW_PROTO_MAGIC, KW_PROTO_RESULT, KW_PROTO_MAX_HEADER + 1, 0);
+    head(f[1], KW_PROTO_MAGIC, KW_PROTO_RESULT, KW_PROTO_MAX_REPLY_HEADER + 1, 0);
     head(f[2], KW_PROTO_MAGIC, KW_PROTO_RESULT, 0, KW_PROTO_MAX_PAYLOAD + 1);
     head(f[3], KW_PROTO_MAGIC, KW_PROTO_PONG, 0, 4);
     head(f[4], KW_PROTO_MAGIC, KW_PROTO_PING, 0, 0);    /* a request type */
@@ -633,6 +639,10 @@ Test(client, refuses_every_malformed_reply)
     head(f[6], KW_PROTO_MAGIC, KW_PROTO_PROGRESS, 0, 0); /* not a warmup */
     frame(f[7], KW_PROTO_PONG, "{x}");
     expect_reply("magic", (canned){f[0], 16, false}, KW_EPROTO, false);
+    char v1[16];
+    head(v1, KW_PROTO_MAGIC, KW_PROTO_PONG, 0, 0);
+    v1[4] = 1; /* protocol version 1 */
+    expect_reply("version", (canned){v1, 16, false}, KW_EVERSION, false);
     expect_reply("header cap", (canned){f[1], 16, false}, KW_E2BIG, false);
     expect_reply("payload cap", (canned){f[2], 16, false}, KW_E2BIG, false);
     expect_reply("payload on pong", (canned){f[3], 16, false}, KW_EPROTO, false);
@@ -681,9 +691,9 @@ Test(client, cli_warmup)
     kw_client_close(c);
     result r = kwarm(ARGS("warmup", "--model", COMPOSITE, "--socket", sock));
     cr_expect_eq(r.status, 0, "%s", r.err);
-    char want[64];
+    char want[96];
     snprintf(want, sizeof want, "warmup: %d keys: %d compiled, 0 hits, 0 "
-             "failed", n, n);
+             "remote hits, 0 failed", n, n);
     cr_expect(strstr(r.out, want) != NULL, "%s", r.out);
     result_free(&r);
     r = kwarm(ARGS("warmup", "--model", COMPOSITE, "--socket", sock, "--json"));

@@ -13,8 +13,22 @@
 
 TestSuite(daemon, .fini = kwd_cleanup, .timeout = 300);
 
-#define V32 "deepseek-v3.2-exp.json" /* default deployment: 22 keys */
-#define V32_KEYS 22
+#define V32 "deepseek-v3.2-exp.json" /* default deployment */
+#define V32_MAX_KEYS 64
+
+/* The keys of V32's default deployment, as `kwarm keys` counts them. */
+static int v32_keys(void)
+{
+    static int n;
+    if (n == 0) {
+        cJSON *doc = kwd_kwarm_keys(V32, 0);
+        n = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(doc, "keys"));
+        cJSON_Delete(doc);
+        cr_assert(n > 0 && n <= V32_MAX_KEYS, "V32 has %d keys", n);
+    }
+    return n;
+}
+#define V32_KEYS v32_keys()
 #define EM_CUDA_MACHINE 190
 
 /* ---- helpers ------------------------------------------------------------ */
@@ -31,20 +45,31 @@ static void warm_free(warm *w)
     cJSON_Delete(w->progress);
 }
 
-/* Sends a WARMUP and reads every PROGRESS frame, then the RESULT. */
+/* Sends a WARMUP and reads every PROGRESS frame, then the RESULT, to which
+ * the streamed results are added as "manifest"; w.progress gets their
+ * digests in arrival order. */
 static warm warmup(kwc *c, const cJSON *hdr)
 {
     warm w = {.progress = cJSON_CreateArray()};
+    cJSON *results = cJSON_CreateArray();
     cr_assert_eq(kwc_send(c, KW_PROTO_WARMUP, hdr), 0);
     for (;;) {
         kwr r = kwc_must_recv(c, KWD_REPLY_MS);
         if (r.type != KW_PROTO_PROGRESS) {
             kwr_expect_type(&r, KW_PROTO_RESULT, "warmup");
+            const cJSON *e;
+            cJSON_ArrayForEach(e, results) {
+                const cJSON *dg = cJSON_GetObjectItemCaseSensitive(e, "digest");
+                cJSON_AddItemToArray(w.progress, cJSON_CreateString(
+                                                     cJSON_GetStringValue(dg)));
+            }
+            cJSON_AddItemToObject(r.hdr, "manifest", results);
             w.result = r;
             return w;
         }
-        cJSON_AddItemToArray(w.progress, cJSON_CreateString(kwr_str(&r, "digest")));
         cr_expect(kwr_num(&r, "total") > 0, "progress without a total");
+        cr_expect(kwr_num(&r, "done") <= kwr_num(&r, "total"), "done > total");
+        kwc_take_items(&r, results);
         kwr_free(&r);
     }
 }
@@ -172,7 +197,7 @@ Test(daemon, get_returns_the_bytes_the_cache_holds)
     cJSON *man = kwd_digests(cJSON_GetObjectItemCaseSensitive(w.result.hdr, "manifest"));
     int n = cJSON_GetArraySize(man);
     cr_assert_eq(n, V32_KEYS);
-    kwr got[V32_KEYS];
+    kwr got[V32_MAX_KEYS];
     for (int i = 0; i < n; i++) {
         const char *hex = cJSON_GetArrayItem(man, i)->valuestring;
         cJSON *g = get_by_digest(hex, true);
@@ -533,7 +558,8 @@ static void *client_main(void *arg)
         if ((rc = kwc_recv(&c, &r, KWD_REPLY_MS)) != 0)
             break;
         if (r.type == KW_PROTO_PROGRESS) {
-            cr->progress++;
+            const cJSON *res = cJSON_GetObjectItemCaseSensitive(r.hdr, "results");
+            cr->progress += (size_t)cJSON_GetArraySize(res);
             kwr_free(&r);
             continue;
         }
@@ -543,8 +569,7 @@ static void *client_main(void *arg)
         cr->compiled = kwr_num(&r, "compiled");
         cr->hits = kwr_num(&r, "hits");
         cr->failed = kwr_num(&r, "failed");
-        cr->manifest = cJSON_GetArraySize(
-            cJSON_GetObjectItemCaseSensitive(r.hdr, "manifest"));
+        cr->manifest = (int)cr->progress; /* streamed: the manifest */
         kwr_free(&r);
         break;
     }

@@ -133,11 +133,11 @@ Test(proto, returns_more_for_every_proper_prefix)
 Test(proto, waits_for_a_declared_header_without_judging_it)
 {
     /* 60 KiB declared, none of it sent: wait, do not fail or allocate. */
-    cr_assert_eq(head_rc(KW_PROTO_MAGIC, 1, KW_PROTO_GET, 60 * 1024, 0, 16),
+    cr_assert_eq(head_rc(KW_PROTO_MAGIC, KW_PROTO_VERSION, KW_PROTO_GET, 60 * 1024, 0, 16),
                  KW_PROTO_MORE);
     size_t n = 60 * 1024;
     uint8_t *f = calloc(1, 16 + n);
-    put_head(f, KW_PROTO_MAGIC, 1, KW_PROTO_GET, (uint32_t)n, 0);
+    put_head(f, KW_PROTO_MAGIC, KW_PROTO_VERSION, KW_PROTO_GET, (uint32_t)n, 0);
     memset(f + 16, '[', n);
     cr_assert_eq(parse_rc(f, 16 + n - 1), KW_PROTO_MORE);
     cr_assert_eq(parse_rc(f, 16 + n), KW_EPROTO);
@@ -147,7 +147,7 @@ Test(proto, waits_for_a_declared_header_without_judging_it)
 Test(proto, peek_reports_the_fixed_header)
 {
     uint8_t h[16];
-    put_head(h, KW_PROTO_MAGIC, 1, KW_PROTO_RESULT, 77, 99);
+    put_head(h, KW_PROTO_MAGIC, KW_PROTO_VERSION, KW_PROTO_RESULT, 77, 99);
     uint16_t t = 0;
     uint32_t hl = 0, pl = 0;
     cr_assert_eq(kw_proto_peek(h, 15, &t, &hl, &pl), KW_PROTO_MORE);
@@ -182,28 +182,51 @@ Test(proto, rejects_bad_magic)
 
 Test(proto, rejects_bad_version)
 {
-    static const uint16_t bad[] = {0, 2, 3, 0x0100, 0xFFFF};
+    static const uint16_t bad[] = {0, 1, 3, 0x0100, 0xFFFF};
     for (size_t i = 0; i < N(bad); i++) {
         cr_expect_eq(head_rc(KW_PROTO_MAGIC, bad[i], KW_PROTO_PING, 0, 0, 16),
-                     KW_EPROTO, "version %u", bad[i]);
+                     KW_EVERSION, "version %u", bad[i]);
         /* Judged as soon as its two bytes are in. */
         cr_expect_eq(head_rc(KW_PROTO_MAGIC, bad[i], KW_PROTO_PING, 0, 0, 6),
-                     KW_EPROTO, "version %u", bad[i]);
+                     KW_EVERSION, "version %u", bad[i]);
+        uint8_t h[16];
+        put_head(h, KW_PROTO_MAGIC, bad[i], KW_PROTO_PING, 0, 0);
+        cr_expect_eq(kw_proto_frame_version(h, 6), bad[i]);
     }
-    cr_assert_eq(head_rc(KW_PROTO_MAGIC, 1, KW_PROTO_PING, 0, 0, 6),
+    cr_assert_eq(head_rc(KW_PROTO_MAGIC, KW_PROTO_VERSION, KW_PROTO_PING, 0, 0, 6),
                  KW_PROTO_MORE);
+}
+
+/* Replies may carry larger headers (streamed warmup results with NVRTC
+ * logs) than requests: each direction has its cap, both sides tested. */
+Test(proto, reply_headers_have_their_own_cap)
+{
+    cr_assert_eq(kw_proto_max_header(KW_PROTO_GET), KW_PROTO_MAX_HEADER);
+    cr_assert_eq(kw_proto_max_header(KW_PROTO_PROGRESS), KW_PROTO_MAX_REPLY_HEADER);
+    cr_assert_eq(head_rc(KW_PROTO_MAGIC, KW_PROTO_VERSION, KW_PROTO_PROGRESS,
+                         KW_PROTO_MAX_REPLY_HEADER, 0, 16), KW_PROTO_MORE);
+    cr_assert_eq(head_rc(KW_PROTO_MAGIC, KW_PROTO_VERSION, KW_PROTO_PROGRESS,
+                         KW_PROTO_MAX_REPLY_HEADER + 1, 0, 16), KW_E2BIG);
+    cr_assert_eq(head_rc(KW_PROTO_MAGIC, KW_PROTO_VERSION, KW_PROTO_GET,
+                         KW_PROTO_MAX_HEADER + 1, 0, 16), KW_E2BIG);
+    uint8_t h[16];
+    cr_assert_eq(kw_proto_encode_head(h, KW_PROTO_RESULT, KW_PROTO_MAX_REPLY_HEADER, 0),
+                 16);
+    cr_assert_eq(kw_proto_encode_head(h, KW_PROTO_RESULT,
+                                      KW_PROTO_MAX_REPLY_HEADER + 1, 0), 0);
+    cr_assert_eq(kw_proto_encode_head(h, KW_PROTO_GET, KW_PROTO_MAX_HEADER + 1, 0), 0);
 }
 
 Test(proto, rejects_unknown_type)
 {
     static const uint16_t named[] = {0, 7, 63, 68, 0xFFFF};
     for (size_t i = 0; i < N(named); i++)
-        cr_expect_eq(head_rc(KW_PROTO_MAGIC, 1, named[i], 0, 0, 8),
+        cr_expect_eq(head_rc(KW_PROTO_MAGIC, KW_PROTO_VERSION, named[i], 0, 0, 8),
                      KW_EPROTO, "type %u", named[i]);
     /* Every one of the 65536 values: exactly the ten known types pass. */
     size_t ok = 0;
     for (uint32_t t = 0; t <= 0xFFFF; t++) {
-        int rc = head_rc(KW_PROTO_MAGIC, 1, (uint16_t)t, 0, 0, 16);
+        int rc = head_rc(KW_PROTO_MAGIC, KW_PROTO_VERSION, (uint16_t)t, 0, 0, 16);
         bool known = kw_proto_is_request((uint16_t)t) ||
                      kw_proto_is_reply((uint16_t)t);
         cr_assert_eq(rc, known ? KW_PROTO_OK : KW_EPROTO, "type %u", t);
@@ -217,12 +240,12 @@ Test(proto, rejects_header_len_over_cap_from_the_fixed_header)
     static const uint32_t bad[] = {KW_PROTO_MAX_HEADER + 1, 0x80000000u,
                                    0xFFFFFFFFu};
     for (size_t i = 0; i < N(bad); i++) {
-        cr_expect_eq(head_rc(KW_PROTO_MAGIC, 1, KW_PROTO_GET, bad[i], 0, 16),
+        cr_expect_eq(head_rc(KW_PROTO_MAGIC, KW_PROTO_VERSION, KW_PROTO_GET, bad[i], 0, 16),
                      KW_E2BIG);
-        cr_expect_eq(head_rc(KW_PROTO_MAGIC, 1, KW_PROTO_GET, bad[i], 0, 12),
+        cr_expect_eq(head_rc(KW_PROTO_MAGIC, KW_PROTO_VERSION, KW_PROTO_GET, bad[i], 0, 12),
                      KW_E2BIG);
     }
-    cr_assert_eq(head_rc(KW_PROTO_MAGIC, 1, KW_PROTO_GET, KW_PROTO_MAX_HEADER,
+    cr_assert_eq(head_rc(KW_PROTO_MAGIC, KW_PROTO_VERSION, KW_PROTO_GET, KW_PROTO_MAX_HEADER,
                          0, 16), KW_PROTO_MORE);
 }
 
@@ -231,30 +254,30 @@ Test(proto, rejects_payload_len_over_cap_from_the_fixed_header)
     static const uint32_t bad[] = {KW_PROTO_MAX_PAYLOAD + 1, 0x80000000u,
                                    0xFFFFFFFFu};
     for (size_t i = 0; i < N(bad); i++)
-        cr_expect_eq(head_rc(KW_PROTO_MAGIC, 1, KW_PROTO_RESULT, 0, bad[i],
+        cr_expect_eq(head_rc(KW_PROTO_MAGIC, KW_PROTO_VERSION, KW_PROTO_RESULT, 0, bad[i],
                              16), KW_E2BIG);
-    cr_assert_eq(head_rc(KW_PROTO_MAGIC, 1, KW_PROTO_RESULT, 0,
+    cr_assert_eq(head_rc(KW_PROTO_MAGIC, KW_PROTO_VERSION, KW_PROTO_RESULT, 0,
                          KW_PROTO_MAX_PAYLOAD, 16), KW_PROTO_MORE);
 }
 
 Test(proto, rejects_lengths_whose_sum_overflows_32_bits)
 {
-    cr_assert_eq(head_rc(KW_PROTO_MAGIC, 1, KW_PROTO_RESULT, 0xFFFFFFFFu,
+    cr_assert_eq(head_rc(KW_PROTO_MAGIC, KW_PROTO_VERSION, KW_PROTO_RESULT, 0xFFFFFFFFu,
                          0xFFFFFFFFu, 16), KW_E2BIG);
     /* 16 + 16 + 0xFFFFFFE0 is 0 in 32 bits: a naive sum would say the frame
      * is complete already. */
-    cr_assert_eq(head_rc(KW_PROTO_MAGIC, 1, KW_PROTO_RESULT, 16, 0xFFFFFFE0u,
+    cr_assert_eq(head_rc(KW_PROTO_MAGIC, KW_PROTO_VERSION, KW_PROTO_RESULT, 16, 0xFFFFFFE0u,
                          16), KW_E2BIG);
-    cr_assert_eq(head_rc(KW_PROTO_MAGIC, 1, KW_PROTO_RESULT, 0xFFFFFFF0u, 0,
+    cr_assert_eq(head_rc(KW_PROTO_MAGIC, KW_PROTO_VERSION, KW_PROTO_RESULT, 0xFFFFFFF0u, 0,
                          16), KW_E2BIG);
 }
 
 Test(proto, rejects_request_with_payload)
 {
     for (uint16_t t = KW_PROTO_PING; t <= KW_PROTO_EVICT; t++) {
-        cr_expect_eq(head_rc(KW_PROTO_MAGIC, 1, t, 0, 1, 16), KW_EPROTO,
+        cr_expect_eq(head_rc(KW_PROTO_MAGIC, KW_PROTO_VERSION, t, 0, 1, 16), KW_EPROTO,
                      "%s", kw_proto_type_name(t));
-        cr_expect_eq(head_rc(KW_PROTO_MAGIC, 1, t, 2, 0xFFFFFFFFu, 16),
+        cr_expect_eq(head_rc(KW_PROTO_MAGIC, KW_PROTO_VERSION, t, 2, 0xFFFFFFFFu, 16),
                      KW_EPROTO, "%s", kw_proto_type_name(t));
     }
 }
@@ -264,8 +287,8 @@ Test(proto, rejects_payload_on_replies_other_than_result)
     static const uint16_t t[] = {KW_PROTO_PONG, KW_PROTO_PROGRESS,
                                  KW_PROTO_ERROR};
     for (size_t i = 0; i < N(t); i++)
-        cr_expect_eq(head_rc(KW_PROTO_MAGIC, 1, t[i], 0, 1, 16), KW_EPROTO);
-    cr_assert_eq(head_rc(KW_PROTO_MAGIC, 1, KW_PROTO_RESULT, 0, 1, 16),
+        cr_expect_eq(head_rc(KW_PROTO_MAGIC, KW_PROTO_VERSION, t[i], 0, 1, 16), KW_EPROTO);
+    cr_assert_eq(head_rc(KW_PROTO_MAGIC, KW_PROTO_VERSION, KW_PROTO_RESULT, 0, 1, 16),
                  KW_PROTO_MORE);
 }
 
@@ -275,7 +298,7 @@ Test(proto, parse_request_refuses_replies_at_the_type_field)
     kw_msg m;
     size_t used;
     for (size_t i = 0; i < N(all_types); i++) {
-        put_head(h, KW_PROTO_MAGIC, 1, all_types[i], 0, 0);
+        put_head(h, KW_PROTO_MAGIC, KW_PROTO_VERSION, all_types[i], 0, 0);
         bool req = kw_proto_is_request(all_types[i]);
         cr_assert_eq(kw_proto_parse_request(h, 8, &m, &used),
                      req ? KW_PROTO_MORE : KW_EPROTO);

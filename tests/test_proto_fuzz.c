@@ -26,11 +26,13 @@ static int head_oracle(const uint8_t h[16])
     uint16_t ver = (uint16_t)(h[4] | h[5] << 8),
              type = (uint16_t)(h[6] | h[7] << 8);
     uint32_t hl = le32(h + 8), pl = le32(h + 12);
-    if (le32(h) != 0x4D52574Bu || ver != 1)
+    if (le32(h) != 0x4D52574Bu)
         return KW_EPROTO;
+    if (ver != 2)
+        return KW_EVERSION;
     if (!((type >= 1 && type <= 6) || (type >= 64 && type <= 67)))
         return KW_EPROTO;
-    if (hl > 64u * 1024u)
+    if (hl > (type >= 64 ? 1024u * 1024u : 64u * 1024u))
         return KW_E2BIG;
     if (pl > 0 && type != 65)
         return KW_EPROTO;
@@ -48,7 +50,7 @@ static int parse_checked(const uint8_t *buf, size_t len)
     size_t used = 0;
     int rc = kw_proto_parse(b, len, &m, &used);
     cr_assert(rc == KW_PROTO_OK || rc == KW_PROTO_MORE || rc == KW_EPROTO ||
-              rc == KW_E2BIG, "rc %d", rc);
+              rc == KW_E2BIG || rc == KW_EVERSION, "rc %d", rc);
     if (rc == KW_PROTO_OK) {
         cr_assert_eq(head_oracle(b), KW_PROTO_OK);
         cr_assert(cJSON_IsObject(m.header));
@@ -80,7 +82,7 @@ static void random_head(uint8_t h[16], uint64_t *s, int i)
                           : (uint16_t)((h[6] & 0x47) % 68);
     uint32_t hl = h[8] & 1 ? h[9] : le32(h + 8);
     uint32_t pl = h[12] & 1 ? 0 : h[12] & 2 ? h[13] : le32(h + 12);
-    put_head(h, KW_PROTO_MAGIC, 1, type, hl, pl);
+    put_head(h, KW_PROTO_MAGIC, KW_PROTO_VERSION, type, hl, pl);
 }
 
 Test(proto_fuzz, survives_random_fixed_headers)
@@ -118,7 +120,7 @@ Test(proto_fuzz, survives_random_frames_with_bodies)
         if (i % 5 == 0) {
             uint16_t type = (uint16_t)(buf[6] | buf[7] << 8);
             uint32_t hl = (uint32_t)(rng_next(&s) % (body + 1));
-            put_head(buf, KW_PROTO_MAGIC, 1, type, hl,
+            put_head(buf, KW_PROTO_MAGIC, KW_PROTO_VERSION, type, hl,
                      type == KW_PROTO_RESULT ? (uint32_t)(body - hl) : 0);
         }
         int want = head_oracle(buf);
@@ -242,10 +244,10 @@ Test(proto_fuzz, encode_prefix_plus_payload_is_the_whole_frame)
 Test(proto_fuzz, encode_head_writes_the_fixed_header_or_refuses)
 {
     uint8_t h[16], want[16];
-    put_head(want, KW_PROTO_MAGIC, 1, KW_PROTO_RESULT, 10, 20);
+    put_head(want, KW_PROTO_MAGIC, KW_PROTO_VERSION, KW_PROTO_RESULT, 10, 20);
     cr_assert_eq(kw_proto_encode_head(h, KW_PROTO_RESULT, 10, 20), 16);
     cr_assert_arr_eq(h, want, 16);
-    cr_assert_arr_eq(h, "KWRM\x01\x00\x41\x00", 8);
+    cr_assert_arr_eq(h, "KWRM\x02\x00\x41\x00", 8);
     memset(h, 0xEE, sizeof h);
     cr_assert_eq(kw_proto_encode_head(h, KW_PROTO_GET, 10, 1), 0);
     cr_assert_eq(kw_proto_encode_head(h, 7, 0, 0), 0);
@@ -364,10 +366,10 @@ Test(proto_fuzz, msg_destroy_accepts_null_and_zeroes)
     kw_msg_destroy(NULL);
     kw_msg m = {0};
     kw_msg_destroy(&m);
-    cr_assert_eq(parse_rc("KWRM\x01\x00\x01\x00\0\0\0\0\0\0\0\0", 16),
+    cr_assert_eq(parse_rc("KWRM\x02\x00\x01\x00\0\0\0\0\0\0\0\0", 16),
                  KW_PROTO_OK);
     size_t used;
-    cr_assert_eq(kw_proto_parse((const uint8_t *)"KWRM\x01\x00\x01\x00"
+    cr_assert_eq(kw_proto_parse((const uint8_t *)"KWRM\x02\x00\x01\x00"
                                 "\0\0\0\0\0\0\0\0", 16, &m, &used),
                  KW_PROTO_OK);
     kw_msg_destroy(&m);

@@ -1,0 +1,366 @@
+/* test_daemon_scale.c: kwarmd at the sizes fleets reach (issue 10).
+ *
+ * Replies of any size stream in bounded frames; a warmup of over 10,000
+ * keys completes (compiles made instant by the kwarm-compile test hook
+ * KWARM_TEST_INSTANT_COMPILE, so CI stays fast); SIGTERM with about
+ * 100,000 keys queued exits 0 within 5 s and reports them cancelled; the
+ * loop keeps answering pings while a 20,000-key warmup is submitted and
+ * while an evict waits for another process's LMDB writer lock.
+ */
+#include "daemon_util.h"
+
+#include <lmdb.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+#define V4 "deepseek-v4-flash.json"
+
+/* A model header for fixture with deployment {dcp_world, arch}. */
+static cJSON *model_hdr(const char *fixture, int dcp, const char *arch)
+{
+    cJSON *h = kwd_model_hdr(fixture, 0);
+    cJSON_DeleteItemFromObjectCaseSensitive(h, "deployment");
+    cJSON *dep = cJSON_AddObjectToObject(h, "deployment");
+    cJSON_AddNumberToObject(dep, "dcp_world", dcp);
+    cJSON_AddStringToObject(dep, "arch", arch);
+    return h;
+}
+
+/* Reads a streamed reply to its end: items into *items (may be NULL),
+ * frames counted; every PROGRESS frame within the caps. */
+static kwr read_stream(kwc *c, cJSON *items, size_t *nframes, size_t *nitems)
+{
+    size_t frames = 0, n = 0;
+    for (;;) {
+        kwr r = kwc_must_recv(c, KWD_REPLY_MS);
+        if (r.type != KW_PROTO_PROGRESS) {
+            *nframes = frames;
+            *nitems = n;
+            return r;
+        }
+        frames++;
+        cJSON *tmp = cJSON_CreateArray();
+        size_t k = kwc_take_items(&r, items ? items : tmp);
+        cr_assert(k >= 1 && k <= 256, "a PROGRESS frame of %zu items", k);
+        n += k;
+        cJSON_Delete(tmp);
+        kwr_free(&r);
+    }
+}
+
+/* Sets the instant-compile hook for the kwarmd (and kwarm-compile) this
+ * test process starts. */
+static void instant(void)
+{
+    cr_assert_eq(setenv("KWARM_TEST_INSTANT_COMPILE", "1", 1), 0);
+}
+
+/* ---- streamed replies --------------------------------------------------- */
+
+Test(scale, keys_reply_of_any_size_is_streamed_and_complete)
+{
+    kwd d;
+    kwc c;
+    kwd_up(&d, "kwd-keys", 1, NULL, &c);
+    /* 432 keys used to fail ("reply could not be encoded"); 12,636 too. */
+    const int worlds[] = {8, 1024};
+    for (size_t i = 0; i < 2; i++) {
+        cJSON *h = model_hdr(V4, worlds[i], "sm_90,sm_100");
+        size_t frames, n;
+        cJSON *keys = cJSON_CreateArray();
+        cr_assert_eq(kwc_send(&c, KW_PROTO_KEYS, h), 0);
+        kwr r = read_stream(&c, keys, &frames, &n);
+        kwr_expect_type(&r, KW_PROTO_RESULT, "keys");
+        cr_expect_eq(kwr_num(&r, "count"), (double)n, "count vs streamed keys");
+        cr_expect_eq(frames, (n + 255) / 256, "frames of 256 keys");
+        cr_expect(cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(r.hdr, "settings")),
+                  "the RESULT keeps the document's settings");
+        /* The same digests as `kwarm keys` prints for that deployment. */
+        char w[16];
+        snprintf(w, sizeof w, "%d", worlds[i]);
+        char path[512];
+        snprintf(path, sizeof path, "%s/%s", KW_FIXTURES, V4);
+        const char *argv[] = {KW_KWARM_BIN, "keys", "--model", path, "--json",
+                              "--dcp-world", w, "--arch", "sm_90,sm_100", NULL};
+        char *out = NULL, *err = NULL;
+        cr_assert_eq(kw_test_run(argv, &out, &err), 0, "%s", err);
+        cJSON *doc = cJSON_Parse(out);
+        cJSON *want = kwd_digests(cJSON_GetObjectItemCaseSensitive(doc, "keys"));
+        cJSON *got = kwd_digests(keys);
+        cr_expect_eq(cJSON_GetArraySize(got), cJSON_GetArraySize(want));
+        cr_expect(kwd_same_set(got, want), "streamed keys differ from kwarm keys");
+        cr_expect(n > (i == 0 ? 400u : 10000u), "%zu keys", n);
+        cJSON_Delete(got);
+        cJSON_Delete(want);
+        cJSON_Delete(doc);
+        free(out);
+        free(err);
+        kwr_free(&r);
+        cJSON_Delete(keys);
+        cJSON_Delete(h);
+    }
+    kwd_down(&d, &c);
+}
+
+Test(scale, warmup_of_over_10000_keys_streams_every_result)
+{
+    instant();
+    kwd d;
+    kwc c;
+    kwd_up(&d, "kwd-10k", 2, NULL, &c);
+    cJSON *h = model_hdr(V4, 1024, "sm_90,sm_100");
+    for (int round = 0; round < 2; round++) {
+        size_t frames, n;
+        cJSON *res = cJSON_CreateArray();
+        cr_assert_eq(kwc_send(&c, KW_PROTO_WARMUP, h), 0);
+        kwr r = read_stream(&c, res, &frames, &n);
+        kwr_expect_type(&r, KW_PROTO_RESULT, "warmup");
+        double keys = kwr_num(&r, "keys");
+        cr_expect(keys > 10000, "%g keys", keys);
+        cr_expect_eq((double)n, keys, "one streamed result per key");
+        cr_expect(cJSON_GetObjectItemCaseSensitive(r.hdr, "manifest") == NULL,
+                  "the RESULT carries counts only");
+        double want_done = round == 0 ? kwr_num(&r, "compiled") : kwr_num(&r, "hits");
+        cr_expect_eq(want_done, keys, "round %d: %g compiled, %g hits", round,
+                     kwr_num(&r, "compiled"), kwr_num(&r, "hits"));
+        cr_expect_eq(kwr_num(&r, "failed") + kwr_num(&r, "cancelled"), 0);
+        cJSON *dg = kwd_digests(res);
+        cr_expect_eq(cJSON_GetArraySize(dg), (int)keys);
+        cJSON_Delete(dg);
+        kwr_free(&r);
+        cJSON_Delete(res);
+    }
+    kwc_expect_pong(&c, "after two large warmups");
+    cJSON_Delete(h);
+    kwd_down(&d, &c);
+}
+
+/* ---- SIGTERM with ~100,000 keys queued ---------------------------------- */
+
+/* Polls STATS until warm_keys reaches want (the warmup's keys are all in
+ * the pipeline), within a deadline. */
+static void wait_submitted(const char *sock, double want)
+{
+    kwc s;
+    kwc_must_open(&s, sock);
+    int64_t deadline = kwd_now_ms() + 60000;
+    double got = 0;
+    while ((got = kwc_stat(&s, "warm_keys")) < want) {
+        cr_assert(kwd_now_ms() < deadline, "only %g of %g keys submitted", got,
+                  want);
+        kwd_nap_ms(20); /* polling a counter, with a deadline */
+    }
+    kwc_close(&s);
+}
+
+Test(scale, sigterm_with_100000_keys_queued_cancels_them_and_exits_0_in_5s,
+     .timeout = 300)
+{
+    /* Every worker hangs on the first family's keys, so the rest stays
+     * queued until the signal. */
+    cr_assert_eq(setenv("KWARM_TEST_HANG_FAMILY", "prefill_chunk_metadata", 1), 0);
+    kwd d;
+    kwd_init(&d, "kwd-term");
+    kwd_start(&d, 2, NULL);
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", KW_FIXTURES, V4);
+    const char *argv[] = {KW_KWARM_BIN, "warmup", "--model", path,
+                          "--dcp-world", "8192", "--arch", "sm_90,sm_100",
+                          "--socket", d.sock, NULL};
+    kw_test_proc p;
+    cr_assert_eq(kw_test_spawn(argv, &p), 0);
+    wait_submitted(d.sock, 90000);
+    int64_t t0 = kwd_now_ms();
+    cr_assert_eq(kill(d.pid, SIGTERM), 0);
+    kwd_expect_exit0(&d, 5000);
+    int64_t ms = kwd_now_ms() - t0;
+    char *out = NULL, *err = NULL;
+    int st = kw_test_wait(&p, &out, &err);
+    cr_expect_eq(st, 1, "kwarm warmup exit %d: %s", st, err);
+    cr_expect(strstr(err, "kwarmd stopped: ") != NULL &&
+              strstr(err, " keys cancelled") != NULL, "stderr: %s", err);
+    cr_expect(strstr(err, "failed to compile") == NULL, "cancelled keys are not "
+              "failures: %s", err);
+    cr_log_info("kwarmd exited %lld ms after SIGTERM", (long long)ms);
+    free(out);
+    free(err);
+}
+
+/* ---- the loop thread stays responsive ------------------------------------ */
+
+/* Pings over c until *stop, each within 1 s; records each latency (ms)
+ * in lat (cap entries).  Returns how many. */
+typedef struct pinger {
+    const char *sock;
+    _Atomic bool stop;
+    double lat[200000];
+    size_t n;
+    int failed;
+} pinger;
+
+static void *ping_main(void *arg)
+{
+    pinger *p = arg;
+    kwc c;
+    if (kwc_open(&c, p->sock) != 0) {
+        p->failed = 1;
+        return NULL;
+    }
+    while (!atomic_load(&p->stop) && p->n < 200000) {
+        struct timespec a, b;
+        kwr r;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        if (kwc_send(&c, KW_PROTO_PING, NULL) != 0 || kwc_recv(&c, &r, 1000) != 0) {
+            p->failed = 2;
+            break;
+        }
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        p->failed |= r.type != KW_PROTO_PONG ? 4 : 0;
+        kwr_free(&r);
+        p->lat[p->n++] = (b.tv_sec - a.tv_sec) * 1e3 + (b.tv_nsec - a.tv_nsec) / 1e6;
+    }
+    kwc_close(&c);
+    return NULL;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double p99(pinger *p)
+{
+    qsort(p->lat, p->n, sizeof *p->lat, cmp_double);
+    return p->n ? p->lat[(p->n * 99) / 100] : 0;
+}
+
+Test(scale, pings_are_answered_while_20000_keys_are_submitted, .timeout = 300)
+{
+    instant();
+    kwd d;
+    kwc c;
+    kwd_up(&d, "kwd-ping", 2, NULL, &c);
+    pinger *p = calloc(1, sizeof *p);
+    p->sock = d.sock;
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, ping_main, p), 0);
+    cJSON *h = model_hdr(V4, 1600, "sm_90,sm_100"); /* about 20,000 keys */
+    size_t frames, n;
+    cr_assert_eq(kwc_send(&c, KW_PROTO_WARMUP, h), 0);
+    kwr r = read_stream(&c, NULL, &frames, &n);
+    atomic_store(&p->stop, true);
+    pthread_join(th, NULL);
+    kwr_expect_type(&r, KW_PROTO_RESULT, "warmup");
+    cr_expect(kwr_num(&r, "keys") >= 19000, "%g keys", kwr_num(&r, "keys"));
+    cr_expect_eq(p->failed, 0, "a ping went unanswered for 1 s (or failed)");
+    cr_expect(p->n >= 10, "only %zu pings during the warmup", p->n);
+    cr_log_info("%zu pings during a %g-key warmup: p99 %.3f ms", p->n,
+                kwr_num(&r, "keys"), p99(p));
+    kwr_free(&r);
+    cJSON_Delete(h);
+    free(p);
+    kwd_down(&d, &c);
+}
+
+/* A child process holding the cache's LMDB writer lock until it reads a
+ * byte from *release (the write end is the parent's). */
+static pid_t hold_writer(const char *cache, int *release)
+{
+    int go[2], ready[2];
+    cr_assert_eq(pipe(go), 0);
+    cr_assert_eq(pipe(ready), 0);
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        MDB_env *env;
+        MDB_txn *txn;
+        char c = 0;
+        if (mdb_env_create(&env) != 0 || mdb_env_set_maxdbs(env, 16) != 0 ||
+            mdb_env_open(env, cache, 0, 0600) != 0 ||
+            mdb_txn_begin(env, NULL, 0, &txn) != 0)
+            _exit(1);
+        if (write(ready[1], "r", 1) != 1 || read(go[0], &c, 1) < 0)
+            _exit(1);
+        mdb_txn_abort(txn);
+        mdb_env_close(env);
+        _exit(0);
+    }
+    char c;
+    close(go[0]);
+    close(ready[1]);
+    cr_assert_eq(read(ready[0], &c, 1), 1, "the writer child failed");
+    close(ready[0]);
+    *release = go[1];
+    return pid;
+}
+
+Test(scale, pings_are_answered_while_an_evict_waits_for_the_writer_lock,
+     .timeout = 120)
+{
+    instant();
+    kwd d;
+    kwc c, e;
+    kwd_up(&d, "kwd-evict", 1, NULL, &c);
+    kwr w = kwc_call(&c, KW_PROTO_WARMUP, kwd_model_hdr("deepseek-v3.2-exp.json", 0),
+                     NULL);
+    kwr_expect_type(&w, KW_PROTO_RESULT, "warmup");
+    const cJSON *first = cJSON_GetArrayItem(
+        cJSON_GetObjectItemCaseSensitive(w.hdr, "manifest"), 0);
+    cJSON *ev = cJSON_CreateObject();
+    cJSON_AddStringToObject(ev, "digest", cJSON_GetStringValue(
+                                cJSON_GetObjectItemCaseSensitive(first, "digest")));
+    int release;
+    pid_t holder = hold_writer(d.cache, &release);
+    kwc_must_open(&e, d.sock);
+    cr_assert_eq(kwc_send(&e, KW_PROTO_EVICT, ev), 0); /* blocks on the lock */
+    pinger *p = calloc(1, sizeof *p);
+    p->sock = d.sock;
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, ping_main, p), 0);
+    kwr none;
+    int rc = kwc_recv(&e, &none, 500); /* no reply while the lock is held */
+    cr_expect_eq(rc, -ETIMEDOUT, "the evict answered while the writer held "
+                 "the lock");
+    atomic_store(&p->stop, true);
+    pthread_join(th, NULL);
+    cr_expect_eq(p->failed, 0, "a ping went unanswered for 1 s");
+    cr_expect(p->n >= 10, "only %zu pings while the evict waited", p->n);
+    cr_log_info("%zu pings while an evict waited for the writer lock: p99 %.3f ms",
+                p->n, p99(p));
+    cr_assert_eq(write(release, "g", 1), 1);
+    close(release);
+    int st;
+    cr_assert_eq(waitpid(holder, &st, 0), holder);
+    kwr r = kwc_must_recv(&e, KWD_REPLY_MS);
+    kwr_expect_type(&r, KW_PROTO_RESULT, "evict");
+    cr_expect(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r.hdr, "evicted")));
+    kwr_free(&r);
+    kwr_free(&w);
+    cJSON_Delete(ev);
+    free(p);
+    kwc_close(&e);
+    kwd_down(&d, &c);
+}
+
+/* ---- protocol version ----------------------------------------------------- */
+
+Test(scale, another_protocol_version_gets_an_error_naming_both)
+{
+    kwd d;
+    kwc c;
+    kwd_up(&d, "kwd-ver", 1, NULL, &c);
+    uint8_t f[16] = {'K', 'W', 'R', 'M', 1, 0, KW_PROTO_PING, 0};
+    cr_assert_eq(kwc_send_raw(&c, f, sizeof f), 0);
+    kwr r = kwc_must_recv(&c, KWD_REPLY_MS);
+    kwr_expect_type(&r, KW_PROTO_ERROR, "version 1 ping");
+    const char *msg = kwr_str(&r, "error");
+    cr_expect(strstr(msg, "version 1") && strstr(msg, "version 2"), "%s", msg);
+    cr_expect_str_eq(kwr_str(&r, "code"), "KW_EVERSION");
+    kwr_free(&r);
+    kwr eof;
+    cr_expect_eq(kwc_recv(&c, &eof, KWD_REPLY_MS), KWC_EOF, "closed after");
+    kwc_close(&c);
+    kwc_must_open(&c, d.sock);
+    kwd_down(&d, &c);
+}
