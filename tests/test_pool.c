@@ -126,8 +126,9 @@ static void wait_for_counts(kw__pool *p, unsigned busy, unsigned waiting)
 
 /* ---- real compiles ----------------------------------------------------- */
 
-Test(pool, real_compile_of_each_family_equals_in_process_compile,
-     .timeout = 600)
+/* No criterion .timeout in this suite: its watchdog leaks 48 bytes in the
+ * runner, which fails the ASan build; every wait here is bounded anyway. */
+Test(pool, real_compile_of_each_family_equals_in_process_compile)
 {
     kw_keys_key keys[KW_K_NFAMILIES];
     one_key_per_family(keys);
@@ -277,11 +278,11 @@ Test(pool, hang_is_killed_at_the_timeout_and_the_worker_is_replaced)
     kw__pool_stop(p);
 }
 
-Test(pool, tiny_memory_limit_fails_with_the_memory_reason, .timeout = 120)
+Test(pool, tiny_memory_limit_fails_with_the_memory_reason)
 {
     kw_keys_key keys[KW_K_NFAMILIES];
     one_key_per_family(keys);
-    kw__pool *p = start_pool(1, 60000, 64ull << 20);
+    kw__pool *p = start_pool(1, 20000, 64ull << 20);
     kw__pool_result r;
     int rc = kw__pool_compile(p, &keys[KW_K_DCP_STABLE_TOPK], &r);
     cr_assert_eq(rc, KW__POOL_EMEMLIMIT, "%s: %s", kw_strerror(rc),

@@ -42,6 +42,8 @@
 #endif
 
 #ifdef KW_ASAN
+#include <sanitizer/common_interface_defs.h>
+
 /* An allocation refused under the memory limit must come back as NULL (and
  * so as NVRTC's out-of-memory), not as ASan's fatal report. */
 const char *__asan_default_options(void);
@@ -117,24 +119,40 @@ static void preload_builtins(void)
  * the handler is installed; the only global state of this program). */
 static struct {
     uint64_t limit; /* bytes this process may add to base */
-    uint64_t base;  /* bytes mapped when the limit was set (ASan only) */
+    uint64_t base;  /* bytes counted when the limit was set (ASan only) */
     uint64_t page;
 } g_mem;
 
-/* Bytes of address space mapped now, from /proc/self/statm, with only
+#ifdef KW_ASAN
+/* ASan maps its heap inside a region it reserved at start, so the address
+ * space does not grow with malloc and RLIMIT_AS would not bite; the data
+ * segment (private writable mappings) does grow.  statm field 6: data. */
+#define KW_MEM_RLIMIT RLIMIT_DATA
+#define KW_MEM_FIELD 5
+#else
+#define KW_MEM_RLIMIT RLIMIT_AS
+#define KW_MEM_FIELD 0 /* statm field 1: total program size */
+#endif
+
+/* Bytes counted against the limit now, from /proc/self/statm, with only
  * async-signal-safe calls (the fatal-signal handler uses it).  0 when it
  * cannot be read. */
 static uint64_t mapped_bytes(void)
 {
-    char buf[64];
+    char buf[128];
     int fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return 0;
     ssize_t n = read(fd, buf, sizeof buf - 1);
     close(fd);
     uint64_t pages = 0;
-    for (ssize_t i = 0; i < n && buf[i] >= '0' && buf[i] <= '9'; i++)
-        pages = pages * 10 + (uint64_t)(buf[i] - '0');
+    int field = 0;
+    for (ssize_t i = 0; i < n && field <= KW_MEM_FIELD; i++) {
+        if (buf[i] == ' ')
+            field++;
+        else if (field == KW_MEM_FIELD && buf[i] >= '0' && buf[i] <= '9')
+            pages = pages * 10 + (uint64_t)(buf[i] - '0');
+    }
     return pages * g_mem.page;
 }
 
@@ -151,24 +169,43 @@ static void on_fatal(int sig)
     raise(sig); /* SA_RESETHAND: the default action now */
 }
 
+#ifdef KW_ASAN
+/* ASan dies (exit 1) when its own mapping is refused under the limit;
+ * apply the same rule as on_fatal() there. */
+static void on_asan_death(void)
+{
+    uint64_t used = mapped_bytes();
+    if (used > g_mem.base && used - g_mem.base >= g_mem.limit / 2)
+        _exit(KW__POOL_EXIT_NOMEM);
+}
+#endif
+
 static void catch_fatal_signals(void)
 {
-    static uint8_t alt[64 << 10]; /* a stack overflow still runs on_fatal */
-    stack_t ss = {.ss_sp = alt, .ss_size = sizeof alt};
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_fatal;
-    sa.sa_flags = SA_RESETHAND | SA_NODEFER | SA_ONSTACK;
+    sa.sa_flags = SA_RESETHAND | SA_NODEFER;
     sigemptyset(&sa.sa_mask);
-    sigaltstack(&ss, NULL);
+#ifdef KW_ASAN
+    /* No alternate stack: ASan would map shadow for it, under the limit,
+     * inside the handler, and deadlock on its own report. */
+    __sanitizer_set_death_callback(on_asan_death);
+#else
+    static uint8_t alt[64 << 10]; /* a stack overflow still runs on_fatal */
+    stack_t ss = {.ss_sp = alt, .ss_size = sizeof alt};
+    if (sigaltstack(&ss, NULL) == 0)
+        sa.sa_flags |= SA_ONSTACK;
+#endif
     sigaction(SIGABRT, &sa, NULL);
     sigaction(SIGSEGV, &sa, NULL);
     sigaction(SIGBUS, &sa, NULL);
 }
 
-/* Limits the address space to limit bytes.  Under ASan the sanitizer's
- * shadow and allocator reservations (terabytes, never touched) are already
- * mapped, so there the limit is added to what is mapped now instead. */
+/* Limits the address space to limit bytes (RLIMIT_AS: what NVRTC maps and
+ * allocates beyond the libraries loaded at start).  Under ASan, whose
+ * shadow and allocator reservations are terabytes, the data segment is
+ * limited instead, to what it holds now plus limit. */
 static int set_mem_limit(uint64_t limit)
 {
     struct rlimit rl;
@@ -178,7 +215,7 @@ static int set_mem_limit(uint64_t limit)
     g_mem.base = mapped_bytes();
 #endif
     rl.rlim_cur = rl.rlim_max = (rlim_t)(g_mem.base + limit);
-    if (setrlimit(RLIMIT_AS, &rl) < 0) {
+    if (setrlimit(KW_MEM_RLIMIT, &rl) < 0) {
         fprintf(stderr, "<3>kwarm-compile: setrlimit: %s\n", strerror(errno));
         return -1;
     }

@@ -1,0 +1,164 @@
+/* bench_pool.c: NVRTC compiles through warm/'s worker pool at several
+ * --jobs, the measurement behind "compiles run in processes" (issue 10).
+ *
+ * usage: bench_pool [--model CONFIG] [--dcp-world N] [--keys N]
+ *                   [--jobs 1,2,4,8,16] [--threads]
+ *
+ * Derives the model's keys (default DeepSeek-V4-Flash at DCP world 8),
+ * takes the first N distinct ones (default 16) and, for each jobs value,
+ * starts a pool of that many kwarm-compile workers (start time shown apart)
+ * and compiles all N keys from `jobs` caller threads.  --threads adds the
+ * same compiles as in-process threads (kw_keys_compile), which is what the
+ * pool replaces: on the H200 host those do not run in parallel.  No cache is
+ * involved, so every run compiles for real.  The helper is found as kwarmd
+ * finds it (KWARM_COMPILE_HELPER, else beside this binary).
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_util.h"
+#include "kw_err.h"
+#include "kw_keys.h"
+#include "pool.h"
+
+#define MAX_RUNS 16
+
+typedef struct run {
+    kw__pool *pool;          /* NULL: in-process threads */
+    const kw_keys_key *keys;
+    size_t nkeys;
+    _Atomic size_t next;
+    _Atomic size_t failed;
+    _Atomic uint64_t worker_us; /* sum of compile times in the workers */
+} run;
+
+/* One caller: compiles keys until none is left. */
+static void *caller(void *arg)
+{
+    run *r = arg;
+    for (size_t i; (i = atomic_fetch_add(&r->next, 1)) < r->nkeys;) {
+        int rc;
+        double secs;
+        if (r->pool) {
+            kw__pool_result res;
+            rc = kw__pool_compile(r->pool, &r->keys[i], &res);
+            secs = res.seconds;
+            if (rc < 0)
+                fprintf(stderr, "bench_pool: %s\n",
+                        res.log ? res.log : kw_strerror(rc));
+            kw__pool_result_destroy(&res);
+        } else {
+            kw_jit_result res;
+            rc = kw_keys_compile(&r->keys[i], false, &res);
+            secs = res.seconds;
+            kw_jit_result_destroy(&res);
+        }
+        if (rc < 0)
+            atomic_fetch_add(&r->failed, 1);
+        atomic_fetch_add(&r->worker_us, (uint64_t)(secs * 1e6));
+    }
+    return NULL;
+}
+
+/* Compiles every key from `jobs` threads; returns the wall seconds. */
+static double timed_run(run *r, unsigned jobs)
+{
+    pthread_t t[256];
+    double t0 = bench_now_ns();
+    for (unsigned i = 0; i < jobs; i++)
+        if (pthread_create(&t[i], NULL, caller, r) != 0)
+            jobs = i;
+    for (unsigned i = 0; i < jobs; i++)
+        pthread_join(t[i], NULL);
+    return (bench_now_ns() - t0) / 1e9;
+}
+
+/* Runs one row of the table; *base is the first row's wall time. */
+static int row(const kw_keys_key *keys, size_t n, unsigned jobs, bool procs,
+               double *base)
+{
+    run r = {.keys = keys, .nkeys = n};
+    double start = 0;
+    if (procs) {
+        char err[512] = "";
+        kw__pool_opts o = {.jobs = jobs};
+        double t0 = bench_now_ns();
+        if (kw__pool_start(&r.pool, &o, err, sizeof err) < 0) {
+            fprintf(stderr, "bench_pool: %s\n", err);
+            return -1;
+        }
+        start = (bench_now_ns() - t0) / 1e6;
+    }
+    double wall = timed_run(&r, jobs);
+    kw__pool_stop(r.pool);
+    if (*base == 0)
+        *base = wall; /* speedups are against the first row */
+    printf("%-9s %5u %5zu %9.2f %9.3f %8.2fx %10.2f %6zu\n",
+           procs ? "processes" : "threads", jobs, n, start, wall,
+           *base > 0 ? *base / wall : 0.0,
+           atomic_load(&r.worker_us) / 1e6, atomic_load(&r.failed));
+    fflush(stdout);
+    return 0;
+}
+
+/* Parses "1,2,4" into jobs[]; returns how many, 0 on a bad list. */
+static size_t parse_jobs(const char *s, unsigned *jobs)
+{
+    size_t n = 0;
+    for (char *end; *s != '\0' && n < MAX_RUNS; s = *end ? end + 1 : end) {
+        unsigned long v = strtoul(s, &end, 10);
+        if (end == s || v == 0 || v > 256 || (*end != ',' && *end != '\0'))
+            return 0;
+        jobs[n++] = (unsigned)v;
+    }
+    return n;
+}
+
+int main(int argc, char **argv)
+{
+    const char *model = "tests/fixtures/deepseek-v4-flash.json", *world = "8";
+    const char *jobs_s = "1,2";
+    size_t want = 16;
+    bool threads = false;
+    for (int i = 1; i < argc; i++) {
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(argv[i], "--threads") == 0) {
+            threads = true;
+            continue;
+        }
+        if (v && strcmp(argv[i], "--model") == 0)
+            model = v;
+        else if (v && strcmp(argv[i], "--dcp-world") == 0)
+            world = v;
+        else if (v && strcmp(argv[i], "--jobs") == 0)
+            jobs_s = v;
+        else if (v && strcmp(argv[i], "--keys") == 0)
+            want = strtoul(v, NULL, 10);
+        else {
+            fprintf(stderr, "usage: bench_pool [--model CONFIG] [--dcp-world N] "
+                    "[--keys N] [--jobs 1,2,4,8,16] [--threads]\n");
+            return strcmp(argv[i], "--help") == 0 ? 0 : 2;
+        }
+        i++;
+    }
+    unsigned jobs[MAX_RUNS];
+    size_t njobs = parse_jobs(jobs_s, jobs);
+    kw_keys_set set;
+    if (njobs == 0 || want == 0 || bench_derive(model, world, "all", &set) < 0)
+        return 2;
+    size_t n = want < set.nkeys ? want : set.nkeys;
+    printf("%zu distinct keys of %s at DCP world %s\n", n, model, world);
+    printf("%-9s %5s %5s %9s %9s %9s %10s %6s\n", "MODE", "JOBS", "KEYS",
+           "start ms", "wall s", "speedup", "compile s", "FAILED");
+    double base = 0, tbase = 0;
+    int rc = 0;
+    for (size_t j = 0; j < njobs && rc == 0; j++)
+        rc = row(set.keys, n, jobs[j], true, &base);
+    for (size_t j = 0; j < njobs && rc == 0 && threads; j++)
+        rc = row(set.keys, n, jobs[j], false, &tbase);
+    kw_keys_set_destroy(&set);
+    return rc < 0 ? 1 : 0;
+}
