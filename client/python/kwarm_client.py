@@ -1,11 +1,16 @@
 """kwarm_client: talk to kwarmd from Python, standard library only.
 
-    from kwarm_client import Client
+    from kwarm_client import Client, Cuda
     with Client() as c:                       # $KWARM_SOCKET, then defaults
-        c.warmup(json.load(open("config.json")), {"dcp_world": 2})
-        entry, cubin = c.get(digest="...")    # bytes for cuModuleLoadData
+        result = c.warmup(json.load(open("config.json")), {"dcp_world": 2})
+        digest = result["manifest"][0]["digest"]
+        header, cubin = c.get(digest=digest)  # bytes for cuModuleLoadData
+    module, function = Cuda().load(cubin, header["entry"])
 
-Loading a cubin is optional and needs cupy: load_function(cubin, entry).
+Client speaks the protocol: ping, keys, warmup, get, stats, evict.  An
+ERROR reply raises KwarmError (the connection stays usable); a broken
+connection raises ConnectionError.  Cuda, the CUDA driver through ctypes,
+is optional: it needs libcuda.so.1 and a GPU only when constructed.
 
 The wire format (client/kw_proto.h): a 16-byte little-endian head
 (magic "KWRM", version 2, type, header_len, payload_len), a JSON header
@@ -149,7 +154,13 @@ class Client:
         return doc
 
     def get(self, digest=None, family=None, fields=None, arch="sm_90", compile=True):
-        """(header, cubin bytes) of a key, by digest or family/fields/arch."""
+        """(header, cubin bytes) of one kernel; header has "entry" (the
+        lowered name for cuModuleGetFunction), "family", "arch", "digest",
+        "size" and "compiled".  Give the digest (64 hex digits), or family,
+        fields (a dict with every field of the family) and arch.  A missing
+        key given by family/fields/arch is compiled first unless
+        compile=False; a missing digest cannot be compiled (it names no
+        fields): KwarmError with code "KW_ENOTFOUND"."""
         req = {"digest": digest} if digest else {"family": family, "fields": fields,
                                                  "arch": arch}
         if not compile:
@@ -158,9 +169,13 @@ class Client:
         return header, payload
 
     def stats(self):
+        """The statistics dict of `kwarm stats --json`: the cache's counts
+        (entries, bytes, max_size, hits, misses, ...) and kwarmd's."""
         return self._call(STATS)[1]
 
     def evict(self, digest):
+        """Removes the entry of digest (64 hex digits); True when there was
+        one."""
         return self._call(EVICT, {"digest": digest})[1].get("evicted", False)
 
 

@@ -74,6 +74,21 @@ class Installed(unittest.TestCase):
         for name in ("Client", "Cuda", "KwarmError", "default_socket"):
             self.assertTrue(hasattr(kwarm_client, name), name)
 
+    def test_module_docstring_names_the_real_api(self):
+        # Every c.NAME( and Cuda().NAME( of the usage example exists, and
+        # the example is valid Python.
+        import re
+        doc = kwarm_client.__doc__
+        example = "\n".join(l[4:] for l in doc.splitlines()
+                             if l.startswith("    "))
+        compile(example, "docstring", "exec")
+        for name in re.findall(r"\bc\.(\w+)\(", example):
+            self.assertTrue(hasattr(kwarm_client.Client, name), name)
+        for name in re.findall(r"Cuda\(\)\.(\w+)\(", example):
+            self.assertTrue(hasattr(kwarm_client.Cuda, name), name)
+        for name in re.findall(r"import ([\w, ]+)", example)[0].split(","):
+            self.assertTrue(hasattr(kwarm_client, name.strip()), name)
+
     def test_demo_help_needs_no_numpy(self):
         # sys.modules["numpy"] = None makes every `import numpy` fail.
         code = ("import sys, runpy; sys.modules['numpy'] = None; "
