@@ -5,6 +5,7 @@
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -591,4 +592,52 @@ Test(pool_frame, helper_exits_0_at_eof_and_2_on_a_malformed_request)
     bad[KW__POOL_HDR_LEN] = 0xff; /* family 255 */
     st = run_helper_with_input(bad, sizeof bad);
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2, "status %#x", st);
+}
+
+/* The pids of this process's kwarm-compile children, from /proc. */
+static size_t worker_pids(pid_t *out, size_t cap)
+{
+    DIR *d = opendir("/proc");
+    size_t n = 0;
+    cr_assert_not_null(d);
+    for (struct dirent *e; (e = readdir(d)) != NULL && n < cap;) {
+        char path[300], buf[512];
+        snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (f == NULL)
+            continue;
+        size_t len = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[len] = '\0';
+        char *rp = strrchr(buf, ')'); /* comm may hold spaces */
+        int ppid = 0;
+        if (strstr(buf, "(kwarm-compile)") && rp &&
+            sscanf(rp + 2, "%*c %d", &ppid) == 1 && ppid == getpid())
+            out[n++] = (pid_t)atoi(e->d_name);
+    }
+    closedir(d);
+    return n;
+}
+
+Test(pool, workers_hold_only_stdin_stdout_stderr)
+{
+    /* Like systemd's LISTEN_FDS in kwarmd: an fd without O_CLOEXEC. */
+    int leaky = open("/dev/null", O_RDONLY);
+    cr_assert_geq(leaky, 3);
+    kw__pool *p = start_pool(2, 0, 0);
+    pid_t pids[8];
+    cr_assert_eq(worker_pids(pids, 8), 2);
+    for (int i = 0; i < 2; i++) {
+        char dir[64];
+        snprintf(dir, sizeof dir, "/proc/%d/fd", (int)pids[i]);
+        DIR *d = opendir(dir);
+        cr_assert_not_null(d);
+        for (struct dirent *e; (e = readdir(d)) != NULL;)
+            if (e->d_name[0] != '.')
+                cr_expect_lt(atoi(e->d_name), 3, "worker %d holds fd %s",
+                             (int)pids[i], e->d_name);
+        closedir(d);
+    }
+    kw__pool_stop(p);
+    close(leaky);
 }

@@ -2,9 +2,15 @@
  * the compile pool (pool.h): posix_spawn of the helper, its HELLO, reads
  * under a deadline that a cancel cuts short, and how a dead worker ended.
  */
+/* posix_spawn_file_actions_addclosefrom_np() (glibc 2.34) is a GNU
+ * extension; it keeps fds that kwarmd holds without O_CLOEXEC (systemd's
+ * LISTEN_FDS sockets) out of the workers. */
+#define _GNU_SOURCE
+
 #include "pool_internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
@@ -168,6 +174,41 @@ int kw__pool_slot_end_crashed(kw__pool *p, kw__pool_slot *s, bool eof,
     return KW__POOL_ECRASH;
 }
 
+/* Sets up what the child gets: fd on its stdin and stdout, stderr kept,
+ * every other fd closed, its own process group, no blocked signals and
+ * the default action for those kwarmd may ignore or catch.  Returns fd,
+ * possibly moved above 2 (dup2 onto 0 or 1 clears CLOEXEC only when fd is
+ * not already 0 or 1, as when kwarmd starts with stdio closed). */
+static int spawn_setup(posix_spawn_file_actions_t *fa, posix_spawnattr_t *at,
+                       int fd)
+{
+    sigset_t none, dfl;
+    sigemptyset(&none);
+    sigemptyset(&dfl);
+    sigaddset(&dfl, SIGPIPE);
+    sigaddset(&dfl, SIGTERM);
+    sigaddset(&dfl, SIGINT);
+    sigaddset(&dfl, SIGHUP);
+    if (fd < 3) {
+        int hi = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+        if (hi >= 0) {
+            close(fd);
+            fd = hi;
+        }
+    }
+    posix_spawn_file_actions_init(fa);
+    posix_spawnattr_init(at);
+    posix_spawn_file_actions_adddup2(fa, fd, 0);
+    posix_spawn_file_actions_adddup2(fa, fd, 1);
+    posix_spawn_file_actions_addclosefrom_np(fa, 3);
+    posix_spawnattr_setflags(at, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK |
+                                     POSIX_SPAWN_SETSIGDEF);
+    posix_spawnattr_setpgroup(at, 0);
+    posix_spawnattr_setsigmask(at, &none);
+    posix_spawnattr_setsigdefault(at, &dfl);
+    return fd;
+}
+
 /* Spawns one helper into s with its end of a new socketpair as stdin and
  * stdout, in its own process group, with default signal dispositions.
  * Returns 0 or -errno (msg says why). */
@@ -185,23 +226,7 @@ static int spawn(kw__pool *p, kw__pool_slot *s, char *msg, size_t cap)
     char *argv[] = {p->helper, "--mem-limit", limit, "--parent", parent, NULL};
     posix_spawn_file_actions_t fa;
     posix_spawnattr_t at;
-    sigset_t none, dfl;
-    sigemptyset(&none);
-    sigemptyset(&dfl);
-    sigaddset(&dfl, SIGPIPE);
-    sigaddset(&dfl, SIGTERM);
-    sigaddset(&dfl, SIGINT);
-    sigaddset(&dfl, SIGHUP);
-    posix_spawn_file_actions_init(&fa);
-    posix_spawnattr_init(&at);
-    /* sv[1] >= 3 (0..2 are open), so dup2 onto 0 and 1 clears CLOEXEC. */
-    posix_spawn_file_actions_adddup2(&fa, sv[1], 0);
-    posix_spawn_file_actions_adddup2(&fa, sv[1], 1);
-    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK |
-                                      POSIX_SPAWN_SETSIGDEF);
-    posix_spawnattr_setpgroup(&at, 0);
-    posix_spawnattr_setsigmask(&at, &none);
-    posix_spawnattr_setsigdefault(&at, &dfl);
+    sv[1] = spawn_setup(&fa, &at, sv[1]);
     pid_t pid;
     rc = -posix_spawn(&pid, p->helper, &fa, &at, argv, environ);
     posix_spawn_file_actions_destroy(&fa);
