@@ -426,6 +426,47 @@ Test(config, rejects_kv_lora_rank_and_qk_rope_head_dim_out_of_range)
     reject_values("qk_rope_head_dim", vals, N(vals));
 }
 
+static int64_t get_heads(const kw_config_model *m)
+{
+    return m->has_index_n_heads ? m->index_n_heads : -1;
+}
+
+static int64_t get_hdim(const kw_config_model *m)
+{
+    return m->has_index_head_dim ? m->index_head_dim : -1;
+}
+
+/* Issue 15: the indexer_logits shape (§2). */
+Test(config, index_n_heads_accepts_1_to_256_and_null)
+{
+    cr_expect_eq(accept_value("index_n_heads", "1", get_heads), 1);
+    cr_expect_eq(accept_value("index_n_heads", "256", get_heads), 256);
+    cr_expect_eq(accept_value("index_n_heads", "64.0", get_heads), 64);
+    cr_expect_eq(accept_value("index_n_heads", "null", get_heads), -1);
+}
+
+Test(config, rejects_index_n_heads_out_of_range_or_not_integer)
+{
+    static const char *const vals[] = {"0", "-1", "257", "1.5", "\"64\"",
+                                       "true"};
+    reject_values("index_n_heads", vals, N(vals));
+}
+
+Test(config, index_head_dim_accepts_multiples_of_32_to_512_and_null)
+{
+    cr_expect_eq(accept_value("index_head_dim", "32", get_hdim), 32);
+    cr_expect_eq(accept_value("index_head_dim", "128", get_hdim), 128);
+    cr_expect_eq(accept_value("index_head_dim", "512.0", get_hdim), 512);
+    cr_expect_eq(accept_value("index_head_dim", "null", get_hdim), -1);
+}
+
+Test(config, rejects_index_head_dim_not_a_multiple_of_32_or_out_of_range)
+{
+    static const char *const vals[] = {"0", "16", "100", "129", "544",
+                                       "-32", "64.5", "\"128\"", "[128]"};
+    reject_values("index_head_dim", vals, N(vals));
+}
+
 Test(config, fields_are_validated_in_nested_text_config_with_its_pointer)
 {
     reject("{\"llm_config\": {\"index_topk\": 8, \"index_kpool\": -1}}",

@@ -461,3 +461,59 @@ Test(deploy, rejects_flags_combined_with_deploy_file, .init = tmp_setup,
                  KW_EDEPLOY);
     kw_config_deploy_destroy(&d);
 }
+
+/* ---- issue 15: num_speculative_tokens (§2) -------------------------------- */
+
+Test(deploy, num_speculative_tokens_defaults_to_0_and_accepts_0_to_7)
+{
+    kw_config_deploy d;
+    char err[KW_CONFIG_ERRLEN];
+    kw_config_deploy_init(&d);
+    cr_expect_eq(d.num_speculative_tokens, 0);
+    kw_config_deploy_destroy(&d);
+    cr_assert_eq(kw_config_flag_field("--num-speculative-tokens"),
+                 KW_CONFIG_NUM_SPECULATIVE_TOKENS);
+    cr_expect_str_eq(kw_config_field_name(KW_CONFIG_NUM_SPECULATIVE_TOKENS),
+                     "num_speculative_tokens");
+    static const char *const ok[] = {"0", "1", "7"};
+    for (size_t i = 0; i < N(ok); i++) {
+        cr_expect_eq(set_one(&d, KW_CONFIG_NUM_SPECULATIVE_TOKENS, ok[i], err),
+                     0, "%s: %s", ok[i], err);
+        cr_expect_eq(d.num_speculative_tokens, ok[i][0] - '0');
+        kw_config_deploy_destroy(&d);
+    }
+}
+
+Test(deploy, num_speculative_tokens_flag_rejects_8_naming_the_flag)
+{
+    static const char *const bad[] = {"8", "-1", "2147483647", "1.0", "x", ""};
+    for (size_t i = 0; i < N(bad); i++) {
+        kw_config_deploy d;
+        char err[KW_CONFIG_ERRLEN];
+        int rc = set_one(&d, KW_CONFIG_NUM_SPECULATIVE_TOKENS, bad[i], err);
+        cr_expect_eq(rc, KW_EDEPLOY, "'%s': rc %d", bad[i], rc);
+        cr_expect(names_flag(err, "--num-speculative-tokens"), "'%s': %s",
+                  bad[i], err);
+        kw_config_deploy_destroy(&d);
+    }
+}
+
+Test(deploy, deploy_file_num_speculative_tokens, .init = tmp_setup,
+     .fini = tmp_teardown)
+{
+    kw_config_deploy d;
+    char err[KW_CONFIG_ERRLEN];
+    const char *path;
+    int rc = load_text(&d, "{\"num_speculative_tokens\": 3.0}", err, &path);
+    cr_assert_eq(rc, 0, "%s", err);
+    cr_expect_eq(d.num_speculative_tokens, 3);
+    kw_config_deploy_destroy(&d);
+    rc = load_text(&d, "{\"num_speculative_tokens\": 0}", err, &path);
+    cr_assert_eq(rc, 0, "%s", err);
+    kw_config_deploy_destroy(&d);
+    file_rejects("{\"num_speculative_tokens\": 8}", "/num_speculative_tokens");
+    file_rejects("{\"num_speculative_tokens\": -1}", "/num_speculative_tokens");
+    file_rejects("{\"num_speculative_tokens\": 1.5}", "/num_speculative_tokens");
+    file_rejects("{\"num_speculative_tokens\": \"1\"}",
+                 "/num_speculative_tokens");
+}

@@ -332,3 +332,126 @@ Test(keys, refuses_rank_sweep_beyond_key_limit)
     kw_config_model_destroy(&m);
     kw_config_deploy_destroy(&d);
 }
+
+/* ---- issue 15: the indexer families (§4.6, §4.7, §7 example six) ---- */
+
+#define V32 "{" TOPK2048 ", \"index_n_heads\": 64, \"index_head_dim\": 128}"
+
+/* The key of family f whose field `name` is v; fails when absent. */
+static const kw_keys_key *find(const fixture *fx, kw_k_family f,
+                               const char *name, int64_t v)
+{
+    size_t fi = field(f, name);
+    for (size_t i = 0; i < fx->s.nkeys; i++)
+        if (fx->s.keys[i].family == f && fx->s.keys[i].fields[fi] == v)
+            return &fx->s.keys[i];
+    cr_assert_fail("no %s key with %s = %lld", kw_keys_family_name(f), name,
+                   (long long)v);
+    return NULL;
+}
+
+Test(keys, deepseek_v32_indexer_keys_follow_example_six)
+{
+    fixture fx;
+    derive(&fx, V32, NULL);
+    cr_assert_eq(fx.s.nkeys, 26);
+    cr_assert_eq(count(&fx, KW_K_INDEXER_LOGITS), 2);
+    cr_assert_eq(count(&fx, KW_K_INDEXER_TOPK), 2);
+    const kw_keys_key *pre = find(&fx, KW_K_INDEXER_LOGITS, "paged", 0);
+    const int64_t want_pre[5] = {64, 128, 0, 0, 1};
+    cr_assert_arr_eq(pre->fields, want_pre, sizeof want_pre);
+    const kw_keys_key *dec = find(&fx, KW_K_INDEXER_LOGITS, "paged", 1);
+    const int64_t want_dec[5] = {64, 128, 1, 64, 1};
+    cr_assert_arr_eq(dec->fields, want_dec, sizeof want_dec);
+    cr_assert_eq(find(&fx, KW_K_INDEXER_TOPK, "windowed", 1)->fields[0], 2048);
+    cr_assert_eq(find(&fx, KW_K_INDEXER_TOPK, "windowed", 0)->fields[0], 2048);
+    release(&fx);
+}
+
+Test(keys, speculative_tokens_set_decode_next_n)
+{
+    static const char *const flags[] = {"--num-speculative-tokens", "1", NULL};
+    fixture fx;
+    derive(&fx, V32, flags);
+    cr_assert_eq(find(&fx, KW_K_INDEXER_LOGITS, "paged", 1)->fields[4], 2);
+    /* The prefill key always scores one query per row. */
+    cr_assert_eq(find(&fx, KW_K_INDEXER_LOGITS, "paged", 0)->fields[4], 1);
+    release(&fx);
+}
+
+/* One decode key per ratio of ratios_p, page_rows = block_size / r. */
+Test(keys, decode_logits_keys_follow_ratios)
+{
+    fixture fx;
+    derive(&fx, "{" TOPK2048 ", \"index_n_heads\": 32, \"index_head_dim\": "
+           "128, \"compress_ratios\": [4, 128], \"index_kpool\": 2}", NULL);
+    int64_t pr[8];
+    cr_assert_eq(fx.d.block_size, 128);
+    cr_assert_eq(count(&fx, KW_K_INDEXER_LOGITS), 4);
+    size_t n = distinct(&fx, KW_K_INDEXER_LOGITS, "page_rows", pr, 8);
+    cr_assert_eq(n, 4);
+    cr_assert(has(pr, n, 0) && has(pr, n, 32) && has(pr, n, 1) &&
+              has(pr, n, 64));
+    release(&fx);
+}
+
+Test(keys, no_logits_keys_without_indexer_shape)
+{
+    fixture fx;
+    derive(&fx, "{" TOPK2048 ", \"index_n_heads\": 64}", NULL);
+    cr_assert_eq(count(&fx, KW_K_INDEXER_LOGITS), 0);
+    cr_assert_eq(count(&fx, KW_K_INDEXER_TOPK), 2);
+    release(&fx);
+    derive(&fx, "{" TOPK2048 ", \"index_head_dim\": 128}", NULL);
+    cr_assert_eq(count(&fx, KW_K_INDEXER_LOGITS), 0);
+    release(&fx);
+}
+
+/* Independent of the DCP geometry: the same keys on every rank. */
+Test(keys, indexer_keys_do_not_depend_on_dcp)
+{
+    static const char *const flags[] = {"--dcp-world", "8", "--dcp-interleave",
+                                        "16", NULL};
+    fixture fx;
+    derive(&fx, V32, flags);
+    cr_assert_eq(count(&fx, KW_K_INDEXER_LOGITS), 2);
+    cr_assert_eq(count(&fx, KW_K_INDEXER_TOPK), 2);
+    release(&fx);
+}
+
+/* sm_90 indexer_logits keys build for sm_90a, which enters their digest;
+ * every other key builds for its own arch. */
+Test(keys, sm90_logits_keys_compile_for_sm90a)
+{
+    char buf[16];
+    cr_assert_eq(kw_k_compile_arch(KW_K_INDEXER_LOGITS, "sm_90", buf,
+                                   sizeof buf), 0);
+    cr_assert_str_eq(buf, "sm_90a");
+    cr_assert_eq(kw_k_compile_arch(KW_K_INDEXER_LOGITS, "sm_100", buf,
+                                   sizeof buf), 0);
+    cr_assert_str_eq(buf, "sm_100");
+    cr_assert_eq(kw_k_compile_arch(KW_K_INDEXER_TOPK, "sm_90", buf,
+                                   sizeof buf), 0);
+    cr_assert_str_eq(buf, "sm_90");
+    cr_assert_eq(kw_k_compile_arch(KW_K_DCP_STABLE_TOPK, "sm_90", buf,
+                                   sizeof buf), 0);
+    cr_assert_str_eq(buf, "sm_90");
+    cr_assert_eq(kw_k_compile_arch(KW_K_INDEXER_LOGITS, "sm_90", buf, 6),
+                 KW_ENOSPC);
+    kw_keys_key k = {.family = KW_K_INDEXER_LOGITS,
+                     .fields = {64, 128, 0, 0, 1}};
+    kw_keys_build b;
+    kw_jit_req req;
+    memcpy(k.arch, "sm_90", 6);
+    cr_assert_eq(kw_keys_jit_req(&k, &b, &req), 0);
+    cr_assert_str_eq(req.arch, "sm_90a");
+    cr_assert_str_eq(k.arch, "sm_90"); /* stored under the key's arch */
+}
+
+Test(keys, indexer_fields_print_booleans)
+{
+    cr_assert(kw_keys_field_is_bool(KW_K_INDEXER_LOGITS, 2));
+    cr_assert(!kw_keys_field_is_bool(KW_K_INDEXER_LOGITS, 3));
+    cr_assert(kw_keys_field_is_bool(KW_K_INDEXER_TOPK, 1));
+    cr_assert(!kw_keys_field_is_bool(KW_K_INDEXER_TOPK, 0));
+}

@@ -521,3 +521,158 @@ Test(kref, stable_topk_pads_when_candidates_are_fewer_than_topk)
     const int32_t want[] = {1, 2, -1, 6, 5, -1};
     assert_i32s(out, want, 6);
 }
+
+/* ---- issue 15: indexer_logits and indexer_topk ---------------------------
+ * e4m3 bytes used below: 0x38 = 1.0, 0x40 = 2.0, 0x30 = 0.5, 0xb8 = -1.0,
+ * 0x01 = 2^-9 (the smallest subnormal), 0x7e = 448 (the largest). */
+
+Test(kref, logits_prefill_sums_weighted_relu_heads_times_scale)
+{
+    /* H = 2, D = 32; head 0 = (1, 1, 0...), head 1 = (-1, 0...); w = (2, 3).
+     * row 0 = (2, 0.5, 0...), scale 0.5: 0.5 * (2 * 2.5 + 3 * relu(-2)) = 2.5
+     * row 1 = (-1, 0...), scale 2: 2 * (2 * relu(-1) + 3 * 1) = 6
+     * row 2 is outside the window [0, 2): -inf; column 3 (past N) untouched */
+    uint8_t q[64] = {0}, k[96] = {0};
+    q[0] = q[1] = 0x38;
+    q[32] = 0xb8;
+    k[0] = 0x40;
+    k[1] = 0x30;
+    k[32] = 0xb8;
+    k[64] = 0x38;
+    const float w[2] = {2, 3}, sc[3] = {0.5f, 2, 1};
+    const int32_t ks[1] = {0}, ke[1] = {2};
+    float out[4] = {7, 7, 7, 7};
+    double mag[4];
+    kw_k_logits_args a = {.heads = 2, .head_dim = 32, .next_n = 1, .q = q,
+                          .w = w, .k = k, .k_scale = sc, .ks = ks, .ke = ke,
+                          .num_rows = 1, .num_k = 3, .stride = 4,
+                          .num_pages = -1, .logits = out};
+    cr_assert_eq(kw_k_ref_indexer_logits(&a, mag), 0);
+    cr_assert_float_eq(out[0], 2.5f, 0);
+    cr_assert_float_eq(out[1], 6.0f, 0);
+    cr_assert(isinf(out[2]) && out[2] < 0);
+    cr_assert_float_eq(out[3], 7.0f, 0);
+    /* m: 0.5 * (2 * 2.5 + 3 * 2) = 5.5 and 2 * (2 * 1 + 3 * 1) = 10 */
+    cr_assert_float_eq(mag[0], 5.5, 0);
+    cr_assert_float_eq(mag[1], 10.0, 0);
+    cr_assert_float_eq(mag[2], 0.0, 0);
+}
+
+Test(kref, logits_decode_fp8_exactly_including_subnormals)
+{
+    /* 2^-9 * 448 = 0.875 */
+    uint8_t q[32] = {0x01}, k[32] = {0x7e};
+    const float w[1] = {1}, sc[1] = {1};
+    const int32_t ks[1] = {0}, ke[1] = {1};
+    float out[1];
+    kw_k_logits_args a = {.heads = 1, .head_dim = 32, .next_n = 1, .q = q,
+                          .w = w, .k = k, .k_scale = sc, .ks = ks, .ke = ke,
+                          .num_rows = 1, .num_k = 1, .stride = 1,
+                          .num_pages = -1, .logits = out};
+    cr_assert_eq(kw_k_ref_indexer_logits(&a, NULL), 0);
+    cr_assert_float_eq(out[0], 0.875f, 0);
+}
+
+Test(kref, logits_paged_walks_the_block_table_per_request)
+{
+    /* page_rows 2, block_table [1, 0]; page 0 = (1, 2), page 1 = (0.5, -1)
+     * in dimension 0, so rows 0..3 score 0.5, relu(-1) = 0, 1, 2.
+     * Two queries (next_n 2) see 3 and 4 rows. */
+    uint8_t q[64] = {0}, k[128] = {0};
+    q[0] = q[32] = 0x38;
+    k[0] = 0x38;
+    k[32] = 0x40;
+    k[64] = 0x30;
+    k[96] = 0xb8;
+    const float w[2] = {1, 1}, sc[4] = {1, 1, 1, 1};
+    const int32_t bt[2] = {1, 0}, re[2] = {3, 4};
+    float out[8];
+    kw_k_logits_args a = {.heads = 1, .head_dim = 32, .paged = true,
+                          .page_rows = 2, .next_n = 2, .q = q, .w = w, .k = k,
+                          .k_scale = sc, .block_table = bt, .row_end = re,
+                          .num_reqs = 1, .width = 2, .max_rows = 4,
+                          .num_pages = 2, .logits = out};
+    cr_assert_eq(kw_k_ref_indexer_logits(&a, NULL), 0);
+    const float want[8] = {0.5f, 0, 1, -INFINITY, 0.5f, 0, 1, 2};
+    for (int i = 0; i < 8; i++)
+        cr_assert_eq(fbits(out[i]), fbits(want[i]), "[%d]: %g", i, out[i]);
+}
+
+Test(kref, logits_rejects_bad_windows_and_tables)
+{
+    uint8_t q[32] = {0}, k[64] = {0};
+    const float w[1] = {1}, sc[2] = {1, 1};
+    int32_t ks[1] = {1}, ke[1] = {0};
+    float out[4];
+    kw_k_logits_args a = {.heads = 1, .head_dim = 32, .next_n = 1, .q = q,
+                          .w = w, .k = k, .k_scale = sc, .ks = ks, .ke = ke,
+                          .num_rows = 1, .num_k = 2, .stride = 2,
+                          .num_pages = -1, .logits = out};
+    cr_assert_eq(kw_k_ref_indexer_logits(&a, NULL), KW_EINVAL); /* ke < ks */
+    ks[0] = 0;
+    ke[0] = 3;
+    cr_assert_eq(kw_k_ref_indexer_logits(&a, NULL), KW_EINVAL); /* ke > N */
+    ke[0] = 2;
+    a.stride = 1;
+    cr_assert_eq(kw_k_ref_indexer_logits(&a, NULL), KW_EINVAL); /* stride */
+    a.stride = 2;
+    a.head_dim = 48;
+    cr_assert_eq(kw_k_ref_indexer_logits(&a, NULL), KW_EINVAL);
+    const int32_t bt[1] = {0}, re[1] = {3};
+    kw_k_logits_args p = {.heads = 1, .head_dim = 32, .paged = true,
+                          .page_rows = 2, .next_n = 1, .q = q, .w = w, .k = k,
+                          .k_scale = sc, .block_table = bt, .row_end = re,
+                          .num_reqs = 1, .width = 1, .max_rows = 4,
+                          .num_pages = 1, .logits = out};
+    /* row_end 3 > width * page_rows = 2 */
+    cr_assert_eq(kw_k_ref_indexer_logits(&p, NULL), KW_EINVAL);
+}
+
+static float fnan(uint32_t bits)
+{
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+Test(kref, itopk_orders_ties_by_position_nan_last_and_pads)
+{
+    /* Window [1, 8) of the row: 3, 3, 2, NaN, -0.0, 0.0, -inf at positions
+     * 0..6.  Ties by lower position, -0.0 equals +0.0, -inf above NaN. */
+    const float row[8] = {1, 3, 3, 2, NAN, -0.0f, 0.0f, -INFINITY};
+    const int32_t ks[1] = {1}, ke[1] = {8};
+    int32_t out[9];
+    kw_k_itopk_args a = {.topk = 9, .windowed = true, .num_rows = 1,
+                         .stride = 8, .logits = row, .ks = ks, .ke = ke,
+                         .topk_pos = out};
+    cr_assert_eq(kw_k_ref_indexer_topk(&a), 0);
+    const int32_t want[9] = {0, 1, 2, 4, 5, 6, 3, -1, -1};
+    assert_i32s(out, want, 9);
+}
+
+Test(kref, itopk_row_end_mode_and_empty_windows)
+{
+    /* Row 0 sees [0, 3) with top-2; row 1 an empty window: all -1.  NaNs of
+     * both signs rank alike, by position. */
+    const float lg[8] = {fnan(0xffc00000u), 5, NAN, 9, 1, 2, 3, 4};
+    const int32_t re[2] = {3, 0};
+    int32_t out[4];
+    kw_k_itopk_args a = {.topk = 2, .num_rows = 2, .stride = 4, .logits = lg,
+                         .row_end = re, .topk_pos = out};
+    cr_assert_eq(kw_k_ref_indexer_topk(&a), 0);
+    const int32_t want[4] = {1, 0, -1, -1};
+    assert_i32s(out, want, 4);
+}
+
+Test(kref, itopk_rejects_windows_outside_the_row)
+{
+    const float lg[4] = {0};
+    int32_t ks[1] = {0}, ke[1] = {5}, out[1];
+    kw_k_itopk_args a = {.topk = 1, .windowed = true, .num_rows = 1,
+                         .stride = 4, .logits = lg, .ks = ks, .ke = ke,
+                         .topk_pos = out};
+    cr_assert_eq(kw_k_ref_indexer_topk(&a), KW_EINVAL);
+    ks[0] = 3;
+    ke[0] = 2;
+    cr_assert_eq(kw_k_ref_indexer_topk(&a), KW_EINVAL);
+}
