@@ -67,19 +67,34 @@ const char *kw_cache_last_error(const kw_cache *c)
     return c && last_err.owner == c ? last_err.text : "";
 }
 
-uint64_t kw__cache_tick(kw_cache *c)
+/* The next tick at or after `now` ns: strictly increasing per handle, so
+ * two puts in one clock tick (or a clock stepped back) still order by the
+ * call order. */
+static uint64_t next_tick(kw_cache *c, uint64_t now)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t now = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-    /* Strictly increasing per handle, so two puts in one clock tick (or a
-     * clock stepped back) still order by the call order. */
     uint64_t last = atomic_load(&c->last_tick);
     uint64_t t;
     do {
         t = now > last ? now : last + 1;
     } while (!atomic_compare_exchange_weak(&c->last_tick, &last, t));
     return t;
+}
+
+static uint64_t now_ns(clockid_t clock)
+{
+    struct timespec ts;
+    clock_gettime(clock, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t kw__cache_tick(kw_cache *c)
+{
+    return next_tick(c, now_ns(CLOCK_REALTIME));
+}
+
+uint64_t kw__cache_tick_coarse(kw_cache *c)
+{
+    return next_tick(c, now_ns(CLOCK_REALTIME_COARSE));
 }
 
 /* A small start index for the pool scan, different between threads, so
@@ -138,6 +153,9 @@ void kw__cache_destroy(kw_cache *c)
     if (last_err.owner == c) /* another handle may get this address */
         last_err.owner = NULL;
     kw__cache_pending_destroy(c);
+    kw__cache_hints_destroy(c);
+    for (int i = 0; i < KW__CACHE_HINT_LOCKS; i++)
+        pthread_mutex_destroy(&c->hint_mu[i]);
     pthread_mutex_destroy(&c->prot_mu);
     pthread_mutex_destroy(&c->pend_mu);
     pthread_mutex_destroy(&c->flush_mu);

@@ -75,7 +75,7 @@ static int flush_locked(kw_cache *c);
 
 void kw__cache_record_hit(kw_cache *c, const uint8_t *digest)
 {
-    uint64_t tick = kw__cache_tick(c);
+    uint64_t tick = kw__cache_tick_coarse(c);
     pthread_mutex_lock(&c->pend_mu);
     c->pend.hits++;
     add_hit_locked(&c->pend, digest, 1, tick);

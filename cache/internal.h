@@ -50,6 +50,8 @@
 #define KW__CACHE_LRU_KEY 40       /* 8-byte tick + digest */
 #define KW__CACHE_POOL 16          /* idle read transactions kept */
 #define KW__CACHE_CORRUPT_MAX 64   /* corrupt digests queued (defer_writes) */
+#define KW__CACHE_HINTS 2048       /* hint slots (hint.c) */
+#define KW__CACHE_HINT_LOCKS 16    /* mutexes striped over them */
 
 /* One digest's hits since the last flush. */
 typedef struct kw__cache_hit {
@@ -66,6 +68,23 @@ typedef struct kw__cache_pending {
     size_t n; /* used slots */
     uint64_t hits, misses, compiles, compile_failures;
 } kw__cache_pending;
+
+/* The decoded "meta" record. */
+typedef struct kw__cache_meta {
+    kw_cache_info info; /* with size, pinned, hits; times in seconds */
+    uint8_t sum[16];    /* XXH3-128 of the blob, canonical (big-endian) */
+    uint64_t created_ns, tick; /* tick: last use, and the "lru" key */
+} kw__cache_meta;
+
+/* What one read found for a digest (hint.c): its metadata (info.pinned
+ * and pin_sets include the pin sets) and the blob's address in the map,
+ * both as of snapshot txnid (0: an empty slot). */
+typedef struct kw__cache_hint {
+    uint8_t digest[KW_CACHE_DIGEST_LEN];
+    uint64_t txnid;
+    const void *data;
+    kw__cache_meta m;
+} kw__cache_hint;
 
 struct kw_cache {
     MDB_env *env;
@@ -100,16 +119,13 @@ struct kw_cache {
      * the next flush to purge. */
     uint8_t corrupt_q[KW__CACHE_CORRUPT_MAX][KW_CACHE_DIGEST_LEN];
     size_t ncorrupt;
+
+    /* hints[i] is guarded by hint_mu[i % KW__CACHE_HINT_LOCKS]. */
+    kw__cache_hint *hints;
+    pthread_mutex_t hint_mu[KW__CACHE_HINT_LOCKS];
 };
 
 #define KW__CACHE_ERRLEN 192 /* kw_cache_last_error() text, NUL included */
-
-/* The decoded "meta" record. */
-typedef struct kw__cache_meta {
-    kw_cache_info info; /* with size, pinned, hits; times in seconds */
-    uint8_t sum[16];    /* XXH3-128 of the blob, canonical (big-endian) */
-    uint64_t created_ns, tick; /* tick: last use, and the "lru" key */
-} kw__cache_meta;
 
 /* --- cache.c --- */
 
@@ -125,8 +141,11 @@ int kw__cache_mdb(kw_cache *c, const char *op, int rc);
 void kw__cache_set_error(kw_cache *c, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
-/* A fresh tick: CLOCK_REALTIME ns, above every tick handed out before. */
+/* A fresh tick: CLOCK_REALTIME ns, above every tick handed out before.
+ * The coarse one reads CLOCK_REALTIME_COARSE (a few ms of resolution, a
+ * tenth of the cost): enough to order hits for LRU. */
 uint64_t kw__cache_tick(kw_cache *c);
+uint64_t kw__cache_tick_coarse(kw_cache *c);
 
 /* Begins a read transaction: renews one from the pool, or begins a new
  * one.  End it with kw__cache_read_end().  0 or a translated code. */
@@ -254,6 +273,27 @@ void kw__cache_overlay_hits(kw_cache *c, const uint8_t *digest,
 /* Queues a corrupt digest for the next flush (defer_writes).  Dropped
  * when the queue is full: the next get queues it again. */
 void kw__cache_queue_corrupt(kw_cache *c, const uint8_t *digest);
+
+/* --- hint.c --- */
+
+/* Allocates and frees the hint table.  0 or KW_ENOMEM. */
+int kw__cache_hints_init(kw_cache *c);
+void kw__cache_hints_destroy(kw_cache *c);
+
+/* The id of the last committed transaction (0 when LMDB cannot say),
+ * with an acquire fence after the read. */
+uint64_t kw__cache_last_txnid(kw_cache *c);
+
+/* Copies digest's hint into *out when it is of snapshot txnid: all of it
+ * with with_meta, else txnid, data, m.info.size and m.sum.  False when
+ * there is none for that snapshot. */
+bool kw__cache_hint_get(kw_cache *c, const uint8_t *digest, uint64_t txnid,
+                        kw__cache_hint *out, bool with_meta);
+
+/* Records what snapshot txnid holds for digest (m as the hint keeps it),
+ * unless the slot holds a newer hint of the same digest. */
+void kw__cache_hint_put(kw_cache *c, const uint8_t *digest, uint64_t txnid,
+                        const void *data, const kw__cache_meta *m);
 
 /* --- read.c --- */
 

@@ -246,20 +246,24 @@ static int trim_fn(kw_cache *c, MDB_txn *txn, void *arg)
     return rc;
 }
 
-/* Allocates a handle with its mutexes initialised. */
+/* Allocates a handle with its mutexes initialised (kw__cache_destroy
+ * destroys them: all are initialised or the handle is not made). */
 static int new_handle(kw_cache **out)
 {
     kw_cache *c = calloc(1, sizeof *c);
     if (!c)
         return KW_ENOMEM;
-    int rc = pthread_mutex_init(&c->flush_mu, NULL);
-    if (rc == 0 && (rc = pthread_mutex_init(&c->pend_mu, NULL)) != 0)
-        pthread_mutex_destroy(&c->flush_mu);
-    if (rc == 0 && (rc = pthread_mutex_init(&c->prot_mu, NULL)) != 0) {
-        pthread_mutex_destroy(&c->pend_mu);
-        pthread_mutex_destroy(&c->flush_mu);
-    }
+    pthread_mutex_t *mus[3 + KW__CACHE_HINT_LOCKS] = {
+        &c->flush_mu, &c->pend_mu, &c->prot_mu};
+    for (int i = 0; i < KW__CACHE_HINT_LOCKS; i++)
+        mus[3 + i] = &c->hint_mu[i];
+    int n = 0, rc = 0;
+    while (n < 3 + KW__CACHE_HINT_LOCKS &&
+           (rc = pthread_mutex_init(mus[n], NULL)) == 0)
+        n++;
     if (rc != 0) {
+        while (n-- > 0)
+            pthread_mutex_destroy(mus[n]);
         free(c);
         return rc == ENOMEM ? KW_ENOMEM : -rc;
     }
@@ -298,7 +302,8 @@ static int open_handle(kw_cache *c, const kw_cache_opts *opts, uint64_t max,
         (rc = size_map(c, kw__cache_map_size(stored))) != 0)
         rc = open_fail(KW_ECACHE, err, errlen, "cache %s: mapsize: %s",
                        opts->dir, mdb_strerror(rc));
-    if (rc == 0 && (rc = kw__cache_pending_init(c)) < 0)
+    if (rc == 0 && ((rc = kw__cache_pending_init(c)) < 0 ||
+                    (rc = kw__cache_hints_init(c)) < 0))
         open_fail(rc, err, errlen, "cache %s: %s", opts->dir, kw_strerror(rc));
     if (rc == 0 && !c->read_only &&
         (rc = kw__cache_write(c, trim_fn, NULL, 0)) < 0)

@@ -13,6 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <xxh_x86dispatch.h> /* XXH3 with AVX2/AVX-512 where the CPU has them */
+#endif
 
 #include "internal.h"
 #include "kw_err.h"
@@ -95,6 +98,31 @@ static int lookup(kw_cache *c, MDB_txn *txn, const uint8_t *digest,
     return rc;
 }
 
+/* Finds digest in txn: from its hint when the hint is of txn's snapshot
+ * (only size and sum in *m unless with_meta), else by lookup, which then
+ * refreshes the hint.  m->info includes the pin sets; *d is the blob in
+ * the map, valid for txn's life.  Codes as lookup(). */
+static int find(kw_cache *c, MDB_txn *txn, const uint8_t *digest,
+                kw__cache_meta *m, MDB_val *d, bool with_meta)
+{
+    uint64_t id = (uint64_t)mdb_txn_id(txn);
+    kw__cache_hint h;
+    if (kw__cache_hint_get(c, digest, id, &h, with_meta)) {
+        *m = h.m;
+        *d = (MDB_val){h.m.info.size, (void *)h.data};
+        return 0;
+    }
+    bool in_set;
+    int rc = lookup(c, txn, digest, m, d);
+    if (rc == 0)
+        rc = kw__cache_in_sets(c, txn, digest, &in_set, &m->info.pin_sets);
+    if (rc == 0) {
+        m->info.pinned = m->info.pinned || in_set;
+        kw__cache_hint_put(c, digest, id, d->mv_data, m);
+    }
+    return rc;
+}
+
 /* Where a fetch puts the blob: into buf (cap bytes), or, when buf is NULL,
  * into a new allocation stored in *out. */
 typedef struct fetch_dst {
@@ -103,57 +131,98 @@ typedef struct fetch_dst {
     void **out;
 } fetch_dst;
 
-/* The read-transaction part of a get.  Returns 0 with the copy in dst and
- * the metadata in *m; KW_ENOTFOUND; KW_ECORRUPT; KW_ENOSPC (*len is the
- * size needed); KW_ENOMEM; KW_ECACHE. */
-static int fetch_txn(kw_cache *c, MDB_txn *txn, const uint8_t *digest,
-                     const fetch_dst *dst, size_t *len, kw__cache_meta *m)
+/* Copies len bytes from src to dst's place.  0 or KW_ENOSPC, KW_ENOMEM. */
+static int copy_out(const fetch_dst *dst, const void *src, size_t len)
 {
-    MDB_val d;
-    int rc = lookup(c, txn, digest, m, &d);
-    if (rc < 0)
-        return rc;
-    *len = d.mv_size;
-    void *to = dst->buf;
-    if (!to && !(to = malloc(d.mv_size)))
-        return KW_ENOMEM;
-    if (dst->buf && d.mv_size > dst->cap)
+    if (dst->buf && len > dst->cap)
         return KW_ENOSPC;
-    memcpy(to, d.mv_data, d.mv_size); /* d dies with the transaction */
+    void *to = dst->buf ? dst->buf : malloc(len);
+    if (!to)
+        return KW_ENOMEM;
+    memcpy(to, src, len);
     if (!dst->buf)
         *dst->out = to;
     return 0;
+}
+
+/* Frees a failed fetch's allocation. */
+static void drop_copy(const fetch_dst *dst)
+{
+    if (!dst->buf) {
+        free(*dst->out);
+        *dst->out = NULL;
+    }
+}
+
+/* The fast path of a get: from the hint of the last commit, copied and
+ * checked with no transaction (hint.c says why that is safe).  0 with the
+ * copy in dst, 1 when the caller must take the lookup path, or
+ * KW_ENOMEM. */
+static int fetch_hinted(kw_cache *c, const uint8_t *digest,
+                        const fetch_dst *dst, size_t *len, kw__cache_meta *m,
+                        bool with_meta)
+{
+    uint64_t id = kw__cache_last_txnid(c);
+    kw__cache_hint h;
+    if (!kw__cache_hint_get(c, digest, id, &h, with_meta) ||
+        (dst->buf && h.m.info.size > dst->cap))
+        return 1; /* the lookup path reports KW_ENOSPC */
+    int rc = copy_out(dst, h.data, h.m.info.size);
+    if (rc < 0)
+        return rc;
+    /* no commit around the copy: the entry was there, its pages intact */
+    if (kw__cache_last_txnid(c) != id ||
+        !sum_ok(h.m.sum, dst->buf ? dst->buf : *dst->out, h.m.info.size)) {
+        drop_copy(dst);
+        return 1;
+    }
+    *len = h.m.info.size;
+    *m = h.m;
+    return 0;
+}
+
+/* The lookup path of a get: a pooled read transaction, find, copy; the
+ * copy is checked after the transaction ends.  Codes as kw_cache_get. */
+static int fetch_txn(kw_cache *c, const uint8_t *digest, const fetch_dst *dst,
+                     size_t *len, kw__cache_meta *m, bool with_meta)
+{
+    MDB_txn *txn;
+    MDB_val d;
+    int rc = kw__cache_read_begin(c, &txn);
+    if (rc < 0)
+        return rc;
+    rc = find(c, txn, digest, m, &d, with_meta);
+    if (rc == 0) {
+        *len = d.mv_size;
+        rc = copy_out(dst, d.mv_data, d.mv_size); /* d dies with txn */
+    }
+    kw__cache_read_end(c, txn);
+    if (rc == 0 && !sum_ok(m->sum, dst->buf ? dst->buf : *dst->out, *len)) {
+        drop_copy(dst);
+        rc = KW_ECORRUPT;
+    }
+    return rc;
 }
 
 /* kw_cache_get and kw_cache_get_into: fetch, verify, record. */
 static int get(kw_cache *c, const uint8_t *digest, const fetch_dst *dst,
                size_t *len, kw_cache_info *info)
 {
-    MDB_txn *txn;
     kw__cache_meta m;
-    int rc = kw__cache_read_begin(c, &txn);
-    if (rc < 0)
-        return rc;
-    rc = fetch_txn(c, txn, digest, dst, len, &m);
-    /* the pin sets are looked up only when asked for: a hit stays lean */
-    if (rc == 0 && info)
-        rc = finish_info(c, txn, digest, &m.info);
-    kw__cache_read_end(c, txn);
-    if (rc == 0 && !sum_ok(m.sum, dst->buf ? dst->buf : *dst->out, *len))
-        rc = KW_ECORRUPT;
-    if (rc < 0 && !dst->buf) {
-        free(*dst->out);
-        *dst->out = NULL;
-    }
+    int rc = fetch_hinted(c, digest, dst, len, &m, info != NULL);
+    if (rc == 1)
+        rc = fetch_txn(c, digest, dst, len, &m, info != NULL);
     if (rc == KW_ECORRUPT)
         return corrupt(c, digest);
     if (rc == KW_ENOTFOUND)
         kw__cache_record_miss(c);
     if (rc < 0)
         return rc;
-    kw__cache_record_hit(c, digest);
-    if (info)
+    if (info) { /* the hits before this one, as the flushed count is */
+        kw__cache_overlay_hits(c, digest, &m.info);
         *info = m.info;
+    }
+    kw__cache_record_hit(c, digest);
     return 0;
 }
 
@@ -245,22 +314,22 @@ int kw_cache_borrow(kw_cache *c, const uint8_t digest[KW_CACHE_DIGEST_LEN],
     int rc = kw__cache_read_begin(c, &txn);
     if (rc < 0)
         return rc;
-    rc = lookup(c, txn, digest, &m, &d);
+    rc = find(c, txn, digest, &m, &d, info != NULL);
     /* verified in place: these are the bytes the caller will read, and
      * committed pages never change while the transaction lives */
     if (rc == 0 && !sum_ok(m.sum, d.mv_data, d.mv_size))
         rc = KW_ECORRUPT;
-    if (rc == 0 && info)
-        rc = finish_info(c, txn, digest, &m.info);
     if (rc < 0) {
         kw__cache_read_end(c, txn);
         if (rc == KW_ENOTFOUND)
             kw__cache_record_miss(c);
         return rc == KW_ECORRUPT ? corrupt(c, digest) : rc;
     }
-    kw__cache_record_hit(c, digest);
-    if (info)
+    if (info) {
+        kw__cache_overlay_hits(c, digest, &m.info);
         *info = m.info;
+    }
+    kw__cache_record_hit(c, digest);
     *v = (kw_cache_view){d.mv_data, d.mv_size, c, txn};
     return 0;
 }

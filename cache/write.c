@@ -10,6 +10,9 @@
 
 #include <string.h>
 #include <xxhash.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <xxh_x86dispatch.h> /* XXH3 with AVX2/AVX-512 where the CPU has them */
+#endif
 
 #include "internal.h"
 

@@ -273,3 +273,64 @@ Test(cache_read, threads_share_the_pool_while_writers_commit)
     cr_assert_eq(tc_stats(c).hits, NT * 2000 * 2);
     kw_cache_close(c);
 }
+
+/* In a child: opens dir as a writer, removes entry i and, when len is
+ * not 0, stores a different blob (entry i + 1000's bytes) under its
+ * digest.  Exits 0 on success. */
+static void replace_in_child(uint64_t i, size_t len)
+{
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        kw_cache_opts o = {.dir = dir};
+        kw_cache *c = NULL;
+        char err[256];
+        uint8_t d[KW_CACHE_DIGEST_LEN];
+        tc_digest(i, d);
+        uint8_t *b = tc_blob(i + 1000, len ? len : 1);
+        if (kw_cache_open(&c, &o, err, sizeof err) != 0 ||
+            kw_cache_remove(c, d) != 0 ||
+            (len && kw_cache_put(c, d, NULL, b, len, false, NULL) != 0))
+            _exit(1);
+        kw_cache_close(c);
+        _exit(0);
+    }
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
+/* Hits are served from memory while nothing is committed (hint.c); a
+ * commit by another process must be seen at once. */
+Test(cache_read, hits_see_another_process_remove_and_replace)
+{
+    kw_cache *c = tc_open(dir, 0, false);
+    tc_put(c, 1, 30000, false);
+    tc_put(c, 2, 30000, false);
+    uint8_t d[KW_CACHE_DIGEST_LEN];
+    tc_digest(1, d);
+    for (int i = 0; i < 3; i++) /* the second and third hit use the hint */
+        cr_assert_eq(tc_get_check(c, 1, 30000), 0);
+    kw_cache_view v;
+    cr_assert_eq(kw_cache_borrow(c, d, &v, NULL), 0);
+    kw_cache_release(&v);
+    replace_in_child(1, 0);
+    cr_assert_eq(tc_get_check(c, 1, 30000), KW_ENOTFOUND);
+    cr_assert_eq(kw_cache_borrow(c, d, &v, NULL), KW_ENOTFOUND);
+    cr_assert_eq(tc_get_check(c, 2, 30000), 0);
+    cr_assert_eq(tc_get_check(c, 2, 30000), 0);
+    replace_in_child(2, 20000);
+    tc_digest(2, d);
+    void *got;
+    size_t len;
+    cr_assert_eq(kw_cache_get(c, d, &got, &len, NULL), 0);
+    uint8_t *want = tc_blob(1002, 20000);
+    cr_assert(len == 20000 && memcmp(got, want, len) == 0, "the new blob");
+    free(got);
+    cr_assert_eq(kw_cache_borrow(c, d, &v, NULL), 0);
+    cr_assert(v.len == 20000 && memcmp(v.data, want, v.len) == 0);
+    kw_cache_release(&v);
+    free(want);
+    cr_assert_eq(tc_stats(c).corrupt, 0, "no hint was taken for corruption");
+    kw_cache_close(c);
+}
