@@ -641,3 +641,21 @@ Test(pool, workers_hold_only_stdin_stdout_stderr)
     kw__pool_stop(p);
     close(leaky);
 }
+
+Test(pool, malformed_key_is_refused_without_costing_a_worker)
+{
+    kw__pool *p = start_pool(1, 0, 0);
+    kw__pool_result r;
+    kw_keys_key k = fake_key(KW_K_INDEX_CONVERSION, 1);
+    k.family = KW_K_NFAMILIES;
+    cr_assert_eq(kw__pool_compile(p, &k, &r), KW_EINVAL);
+    k = fake_key(KW_K_INDEX_CONVERSION, 1);
+    memset(k.arch, 'x', sizeof k.arch);
+    cr_assert_eq(kw__pool_compile(p, &k, &r), KW_EINVAL);
+    cr_assert_eq(kw__pool_compile(NULL, &k, &r), KW_EINVAL);
+    kw__pool_counts c;
+    kw__pool_get_counts(p, &c);
+    cr_assert_eq(c.replaced, 0);
+    cr_assert_eq(c.live, 1);
+    kw__pool_stop(p);
+}

@@ -364,7 +364,10 @@ int kw__pool_compile(kw__pool *p, const kw_keys_key *k, kw__pool_result *res)
     if (res == NULL)
         return KW_EINVAL;
     memset(res, 0, sizeof *res);
-    if (p == NULL || k == NULL)
+    /* A key the helper would refuse as a malformed frame fails here, not
+     * by costing a worker. */
+    if (p == NULL || k == NULL || (unsigned)k->family >= KW_K_NFAMILIES ||
+        memchr(k->arch, '\0', sizeof k->arch) == NULL)
         return res->rc = KW_EINVAL;
     kw__pool_slot *s = acquire_slot(p);
     if (s == NULL)

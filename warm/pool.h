@@ -15,11 +15,26 @@
  * thread (not from a signal handler: it takes a mutex).  start and stop are
  * not concurrent with anything else on the same pool.
  *
- * Every fd the pool opens is O_CLOEXEC; a worker inherits only its own two
- * pipe ends (as stdin and stdout) and the parent's stderr (its diagnostics
- * go to kwarmd's log).  Workers run in their own process group, so a ^C in
- * a terminal reaches only the parent, and die with the parent
- * (PR_SET_PDEATHSIG).
+ * Each worker talks to the pool over one socketpair, its end being the
+ * worker's stdin and stdout (a socket rather than pipes: one fd per worker,
+ * and send(MSG_NOSIGNAL) makes a dead worker -EPIPE instead of a SIGPIPE in
+ * kwarmd).  Every fd the pool opens is O_CLOEXEC and the spawn closes every
+ * fd above 2, so a worker holds only its socket (as 0 and 1) and the
+ * parent's stderr (its diagnostics go to kwarmd's log), not kwarmd's
+ * listening sockets.  Workers run in their own process group, so a ^C in a
+ * terminal reaches only the parent, and die with it (PR_SET_PDEATHSIG).
+ *
+ * Memory limit: the helper loads NVRTC and its builtins library, then sets
+ * RLIMIT_AS to mem_limit (checked: every family compiles under 4 GiB; the
+ * biggest, dcp_stable_topk with CUB, peaks near 150 MiB of address space).
+ * What NVRTC does when an allocation is refused varies: NVRTC_ERROR_OUT_OF_
+ * MEMORY (the helper answers KW__POOL_EMEMLIMIT), or "LLVM ERROR: out of
+ * memory" and abort(); on such a fatal signal (SIGABRT, SIGSEGV, SIGBUS)
+ * with at least half the limit in use, the helper exits
+ * KW__POOL_EXIT_NOMEM instead of dying of the signal.  Either way the key
+ * fails with KW__POOL_EMEMLIMIT.  In ASan builds the helper limits
+ * RLIMIT_DATA above its start-up size instead (ASan's heap lives in address
+ * space reserved at start, which RLIMIT_AS cannot see).
  *
  * ---------------------------------------------------------------------------
  * Pipe protocol between the pool and kwarm-compile (version 1)
@@ -53,9 +68,10 @@
  * The helper answers each REQUEST with one RESPONSE, in order, and exits 0
  * when its stdin reaches EOF.  It writes nothing else on stdout.
  *
- * Helper exit codes: 0 (stdin closed), 2 (malformed request frame),
- * KW__POOL_EXIT_NOMEM (allocation failed under the memory limit outside
- * NVRTC), 127 (bad arguments or environment).
+ * Helper: `kwarm-compile [--mem-limit BYTES] [--parent PID]`; exit codes
+ * 0 (stdin closed, or the parent PID is gone), 2 (malformed request frame),
+ * KW__POOL_EXIT_NOMEM (died under the memory limit, see above), 127 (bad
+ * arguments, or setrlimit failed).
  *
  * ---------------------------------------------------------------------------
  * Test-only hooks (environment variables the helper reads at start; the
@@ -103,7 +119,9 @@
 
 /* Result codes of a compile that the worker could not finish.  They are
  * OS errno values (distinct from kwarm's own codes <= -1000); res->log
- * always carries a one-line reason that names the limit or the signal. */
+ * starts with a one-line reason that names the limit or the signal (the
+ * limits as given: "killed after 0.3 s", "memory limit (64 MiB)"),
+ * followed by the worker's own log when it sent one. */
 #define KW__POOL_ETIMEOUT (-ETIMEDOUT) /* "compile worker killed after 120 s" */
 #define KW__POOL_EMEMLIMIT (-ENOMEM)   /* "compile worker exceeded its memory
                                           limit (4 GiB)" */
@@ -147,13 +165,14 @@ typedef struct kw__pool_result {
  * found, or KW_ENOSPC when the path does not fit.  Thread-safe. */
 int kw__pool_find_helper(char *path, size_t cap);
 
-/* Starts o->jobs workers now (posix_spawn of `helper --mem-limit BYTES`,
- * pipes for its stdin and stdout) and waits for each one's HELLO.
+/* Starts o->jobs workers now (posix_spawn of `helper --mem-limit BYTES
+ * --parent PID`, a socketpair as its stdin and stdout) and waits for each
+ * one's HELLO.
  * out: receives the pool, untouched on error.  o: options (copied; the
  *     helper string need not outlive the call).
  * err, errlen: on failure, a one-line reason such as "compile helper
  *     /x/kwarm-compile: No such file or directory" or "compile helper
- *     /x/kwarm-compile exited with status 127 before it was ready".
+ *     /x/kwarm-compile failed before it was ready: exited with status 1".
  * Returns 0; KW_EINVAL (o NULL, jobs 0 or > KW__POOL_MAX_JOBS); -ENOENT,
  * -EACCES (helper missing or not executable); KW__POOL_ECRASH (a worker
  * died or spoke garbage before its HELLO); KW__POOL_ETIMEOUT (no HELLO
@@ -171,7 +190,9 @@ int kw__pool_start(kw__pool **out, const kw__pool_opts *o, char *err,
  * the next compile that takes it tries again (and fails with the reason).
  * k: the key (read during the call only).  res: always initialised; the
  * caller owns what it holds and frees it with kw__pool_result_destroy().
- * Returns res->rc (see kw__pool_result).  After kw__pool_cancel(), returns
+ * Returns res->rc (see kw__pool_result); KW_EINVAL at once, costing no
+ * worker, when p, k or res is NULL, k->family is out of range or k->arch
+ * is not NUL-terminated.  After kw__pool_cancel(), returns
  * KW__POOL_ECANCELED at once, and compiles under way or waiting for a
  * worker return it within milliseconds. */
 int kw__pool_compile(kw__pool *p, const kw_keys_key *k, kw__pool_result *res);
