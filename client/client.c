@@ -518,6 +518,34 @@ static int model_header(kw_client *c, const char *config_json,
     return 0;
 }
 
+/* Puts warmup results (which arrive as keys settle) back in key order by
+ * their "index": each must be a distinct integer below their count.
+ * 0, or -1 when one is not. */
+static int sort_by_index(cJSON *items)
+{
+    int n = cJSON_GetArraySize(items);
+    cJSON **slot = calloc((size_t)n + 1, sizeof *slot);
+    if (slot == NULL)
+        return -1;
+    int rc = 0;
+    while (rc == 0 && items->child != NULL) {
+        cJSON *it = cJSON_DetachItemViaPointer(items, items->child);
+        const cJSON *ix = cJSON_GetObjectItemCaseSensitive(it, "index");
+        double v = cJSON_IsNumber(ix) ? ix->valuedouble : -1;
+        if (v < 0 || v >= n || v != (double)(int)v || slot[(int)v] != NULL) {
+            cJSON_Delete(it);
+            rc = -1;
+        } else {
+            slot[(int)v] = it;
+        }
+    }
+    for (int i = 0; i < n; i++)
+        if (slot[i] != NULL)
+            cJSON_AddItemToArray(items, slot[i]);
+    free(slot);
+    return rc;
+}
+
 /* Puts the streamed items back into the RESULT: keys as "keys" (after
  * checking "count"), warmup results as "manifest".  0 or a code. */
 static int assemble(kw_client *c, uint16_t type, kw_msg *m, stream *st)
@@ -530,6 +558,9 @@ static int assemble(kw_client *c, uint16_t type, kw_msg *m, stream *st)
                           "counted another number", cJSON_GetArraySize(st->items));
         cJSON_DeleteItemFromObjectCaseSensitive(m->header, "count");
     }
+    if (type == KW_PROTO_WARMUP && sort_by_index(st->items) < 0)
+        return broken(c, KW_EPROTO, "warmup: kwarmd streamed results without "
+                      "a valid \"index\"");
     if (!cJSON_AddItemToObject(m->header, type == KW_PROTO_KEYS ? "keys" : "manifest",
                                st->items))
         return fail(c, KW_ENOMEM, "%s", kw_strerror(KW_ENOMEM));

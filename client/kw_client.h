@@ -102,7 +102,8 @@ int kw_client_keys(kw_client *c, const char *config_json,
                    char **reply_json);
 
 /* Called for each PROGRESS frame of a warmup with its JSON header
- * {"done": D, "total": T, "results": [{"digest", "family", "arch",
+ * {"done": D, "total": T, "results": [{"index" (the key's place in the
+ * deployment's keys), "digest", "family", "arch",
  * "status": "hit"|"remote_hit"|"compiled"|"failed"|"cancelled", and for a
  * failed key "error" and "log" (the NVRTC log, at most 64 KiB)}, ...]}:
  * up to 256 results a frame.  progress_json is borrowed for the call. */
@@ -112,7 +113,7 @@ typedef void (*kw_client_progress_fn)(const char *progress_json, void *arg);
  * every key not cached is compiled, cb (may be NULL) is called per
  * PROGRESS frame as keys settle, and on 0 *result_json is a new string
  * (free() it): {"keys", "hits", "remote_hits", "compiled", "failed",
- * "cancelled", "seconds", "manifest": [every result, as streamed]}.  Keys
+ * "cancelled", "seconds", "manifest": [every result, in key order]}.  Keys
  * that fail to compile, or are cancelled because kwarmd stopped, do not
  * make the call fail: check "failed" and "cancelled".  *result_json
  * untouched on error. */

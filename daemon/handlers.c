@@ -52,9 +52,8 @@ static kw__req *req_new(kw__conn *c, uint16_t type, const cJSON *hdr)
     r->requests = c->d->requests;
     r->protocol_errors = c->d->protocol_errors;
     r->refused = c->d->refused;
-    c->refs++;
     c->d->nreqs++;
-    c->active = r;
+    kw__conn_begin(c, r);
     return r;
 }
 

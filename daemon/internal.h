@@ -215,6 +215,10 @@ void kw__conn_error(kw__conn *c, int code, const char *msg, bool close_after);
 /* Closes c (idempotent); it is freed once its handles and refs are gone. */
 void kw__conn_close(kw__conn *c);
 
+/* Makes r c's active request (reading pauses) and takes a reference on c
+ * that kw__conn_unref() drops when the request ends. */
+void kw__conn_begin(kw__conn *c, kw__req *r);
+
 /* Called when the active request finished: resumes reading and parsing. */
 void kw__conn_request_done(kw__conn *c);
 

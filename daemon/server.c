@@ -289,6 +289,12 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b)
     process(c);
 }
 
+void kw__conn_begin(kw__conn *c, kw__req *r)
+{
+    c->refs++;
+    c->active = r;
+}
+
 void kw__conn_request_done(kw__conn *c)
 {
     c->active = NULL;

@@ -3,15 +3,16 @@
  * On a job thread: derive the keys and submit them to the warm pipeline.
  * Then, on warm's threads (serialized per job): each key's result joins a
  * batch, sent as one PROGRESS frame
- *   {"done": D, "total": T, "results": [{"digest", "family", "arch",
- *    "status", "error"?, "log"?}, ...]}
+ *   {"done": D, "total": T, "results": [{"index", "digest", "family",
+ *    "arch", "status", "error"?, "log"?}, ...]}
  * when it holds KW__STREAM_KEYS results or about KW__STREAM_BYTES, or when
  * warm has no further result at once (`more` false).  The last result
  * sends the counts-only RESULT
  *   {"keys", "hits", "remote_hits", "compiled", "failed", "cancelled",
  *    "seconds"}
  * and ends the request.  kwarm warmup --json and kw_client_warmup() put
- * the streamed results back into one "manifest".
+ * the streamed results back into one "manifest", in key order ("index":
+ * the key's place in the deployment's keys, as `kwarm keys` lists them).
  */
 #include "internal.h"
 
@@ -83,6 +84,7 @@ static bool add_result(kw__req *r, const kw_warm_result *res)
     if (o == NULL)
         return false;
     cJSON_AddItemToArray(r->batch, o);
+    cJSON_AddNumberToObject(o, "index", (double)res->index);
     cJSON_AddStringToObject(o, "digest", hex);
     cJSON_AddStringToObject(o, "family", kw_keys_family_name(res->key->family));
     cJSON_AddStringToObject(o, "arch", res->key->arch);

@@ -483,6 +483,26 @@ static inline size_t kwc_take_items(kwr *r, cJSON *items)
     return n;
 }
 
+/* Sorts streamed warmup results by "index" (each distinct, below their
+ * count), as libkwarm does for its manifest. */
+static inline void kwc_sort_results(cJSON *items)
+{
+    int n = cJSON_GetArraySize(items);
+    cJSON **slot = calloc((size_t)n + 1, sizeof *slot);
+    cr_assert_not_null(slot);
+    while (items->child != NULL) {
+        cJSON *it = cJSON_DetachItemViaPointer(items, items->child);
+        const cJSON *ix = cJSON_GetObjectItemCaseSensitive(it, "index");
+        cr_assert(cJSON_IsNumber(ix) && ix->valuedouble >= 0 &&
+                  ix->valuedouble < n && slot[(int)ix->valuedouble] == NULL,
+                  "a result without a distinct index below %d", n);
+        slot[(int)ix->valuedouble] = it;
+    }
+    for (int i = 0; i < n; i++)
+        cJSON_AddItemToArray(items, slot[i]);
+    free(slot);
+}
+
 /* Sends a request and returns its final reply (PONG, RESULT or ERROR).
  * The items streamed in PROGRESS frames before it (protocol 2) are put
  * back into a RESULT, as libkwarm does: a keys reply gets "keys" (and its
@@ -508,6 +528,7 @@ static inline kwr kwc_call_frames(kwc *c, uint16_t type, const cJSON *hdr,
                 cJSON_DeleteItemFromObjectCaseSensitive(r.hdr, "count");
                 cJSON_AddItemToObject(r.hdr, "keys", items);
             } else if (r.type == KW_PROTO_RESULT && type == KW_PROTO_WARMUP) {
+                kwc_sort_results(items);
                 cJSON_AddItemToObject(r.hdr, "manifest", items);
             } else {
                 cJSON_Delete(items);

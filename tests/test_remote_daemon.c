@@ -57,6 +57,7 @@ static kwr finish_warmup(kwc *c, size_t *nprogress)
         kwr r = kwc_must_recv(c, KWD_REPLY_MS);
         if (r.type != KW_PROTO_PROGRESS) {
             kwr_expect_type(&r, KW_PROTO_RESULT, "warmup");
+            kwc_sort_results(items);
             cJSON_AddItemToObject(r.hdr, "manifest", items);
             if (nprogress)
                 *nprogress = n;
@@ -356,4 +357,61 @@ Test(remote_daemon, refuses_to_start_with_a_bad_key_file)
     pid = kwd_spawn(&d, nokey, d.log);
     cr_assert(kwd_wait_exit(pid, KWD_STOP_MS, &st), "kwarmd should exit");
     cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 2, "status 0x%x", st);
+}
+
+/* kwarm prewarm --remote (issue 10): a prewarm on one build host writes
+ * back what it compiles; a prewarm of another cache then compiles
+ * nothing, and a running kwarmd finds the same entries in the fleet. */
+Test(remote_daemon, prewarm_with_remote_shares_through_the_fleet)
+{
+    rds_require();
+    rds s = {0};
+    rds_start(&s);
+    char dir[128], key[300], ca[200], cb[200], model[512];
+    cr_assert_eq(kw_test_mkdtemp(dir, sizeof dir, "rpw"), 0);
+    rds_key_file(dir, "fleet.key", fleet_key, NULL, key, sizeof key);
+    snprintf(ca, sizeof ca, "%s/a", dir);
+    snprintf(cb, sizeof cb, "%s/b", dir);
+    snprintf(model, sizeof model, "%s/%s", KW_FIXTURES, V32);
+    const char *argv_a[] = {KW_KWARM_BIN, "prewarm", "--model", model, "--cache",
+                            ca, "--jobs", "2", "--json", "--remote", s.url,
+                            "--remote-key-file", key, NULL};
+    char *out = NULL, *err = NULL;
+    cr_assert_eq(kw_test_run(argv_a, &out, &err), 0, "%s", err);
+    cJSON *a = cJSON_Parse(out);
+    cr_assert_not_null(a, "%s", out);
+    cr_expect_eq(cJSON_GetObjectItemCaseSensitive(a, "compiled")->valuedouble,
+                 V32_KEYS);
+    cr_expect_eq(rds_count(&s, "kwarm:v1:*"), V32_KEYS, "written back");
+    cJSON_Delete(a);
+    free(out);
+    free(err);
+    const char *argv_b[] = {KW_KWARM_BIN, "prewarm", "--model", model, "--cache",
+                            cb, "--jobs", "2", "--json", "--remote", s.url,
+                            "--remote-key-file", key, NULL};
+    cr_assert_eq(kw_test_run(argv_b, &out, &err), 0, "%s", err);
+    cJSON *b = cJSON_Parse(out);
+    cr_assert_not_null(b, "%s", out);
+    cr_expect_eq(cJSON_GetObjectItemCaseSensitive(b, "compiled")->valuedouble, 0);
+    cr_expect_eq(cJSON_GetObjectItemCaseSensitive(b, "remote_hits")->valuedouble,
+                 V32_KEYS);
+    cJSON_Delete(b);
+    free(out);
+    free(err);
+    /* A second prewarm of b: local hits now, nothing asked of the fleet. */
+    rds_kill(&s);
+    cr_assert_eq(kw_test_run(argv_b, &out, &err), 0, "%s", err);
+    b = cJSON_Parse(out);
+    cr_expect_eq(cJSON_GetObjectItemCaseSensitive(b, "hits")->valuedouble, V32_KEYS);
+    cJSON_Delete(b);
+    free(out);
+    free(err);
+    /* Flags that cannot work are refused up front, exit 2. */
+    const char *bad[] = {KW_KWARM_BIN, "prewarm", "--model", model, "--cache",
+                         cb, "--remote", "redis://127.0.0.1:1", NULL};
+    cr_expect_eq(kw_test_run(bad, &out, &err), 2, "%s", err);
+    cr_expect(strstr(err, "--remote-key-file") != NULL, "%s", err);
+    free(out);
+    free(err);
+    kw_test_rmtree(dir);
 }

@@ -145,12 +145,13 @@ class Client:
         """Compiles what is missing.  progress(frame) is called per PROGRESS
         frame ({"done", "total", "results": [...]}).  Returns the counts
         {"keys", "hits", "remote_hits", "compiled", "failed", "cancelled",
-        "seconds"} plus "manifest": every key's result {"digest", "family",
-        "arch", "status", and "error"/"log" when it failed}."""
+        "seconds"} plus "manifest": every key's result in key order
+        {"index", "digest", "family", "arch", "status", and "error"/"log"
+        when it failed}."""
         doc, results = self._stream(WARMUP, self._model(config, deployment, name,
                                                         text_config),
                                     "results", progress)
-        doc["manifest"] = results
+        doc["manifest"] = sorted(results, key=lambda r: r["index"])
         return doc
 
     def get(self, digest=None, family=None, fields=None, arch="sm_90", compile=True):
