@@ -1,0 +1,226 @@
+/* test_daemon_warm.c: kwarmd's warm pipeline as clients see it (issue 10):
+ * a 1,000-key warmup through the C client, the Python client and
+ * `kwarm warmup --json`; a compile failure's log reaching the client, the
+ * CLI and kwarmd's log; a crashing worker; a compile helper that is
+ * missing.
+ */
+#include "daemon_util.h"
+
+#include "kw_client.h"
+
+#define V4 "deepseek-v4-flash.json"
+#define V32 "deepseek-v3.2-exp.json"
+
+static void instant(void)
+{
+    cr_assert_eq(setenv("KWARM_TEST_INSTANT_COMPILE", "1", 1), 0);
+}
+
+static char *fixture_text(const char *name)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", KW_FIXTURES, name);
+    char *s = kw_test_read_file(path, NULL);
+    cr_assert_not_null(s, "%s", path);
+    return s;
+}
+
+/* Checks a whole warmup document: n results in key order, each settled. */
+static void expect_manifest(const cJSON *doc, double n, const char *who)
+{
+    const cJSON *man = cJSON_GetObjectItemCaseSensitive(doc, "manifest");
+    cr_assert_eq(cJSON_GetArraySize(man), (int)n, "%s: manifest size", who);
+    int i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, man) {
+        const cJSON *ix = cJSON_GetObjectItemCaseSensitive(e, "index");
+        cr_expect(cJSON_IsNumber(ix) && ix->valuedouble == i, "%s: order", who);
+        i++;
+    }
+    const cJSON *k = cJSON_GetObjectItemCaseSensitive(doc, "keys");
+    cr_expect(cJSON_IsNumber(k) && k->valuedouble == n, "%s: keys", who);
+}
+
+Test(daemon_warm, a_1000_key_warmup_completes_through_every_client,
+     .timeout = 300)
+{
+    instant();
+    kwd d;
+    kwc c;
+    kwd_up(&d, "kwd-1000", 2, NULL, &c);
+    int n = 0;
+    { /* how many keys: the deployment's, as kwarmd derives them */
+        cJSON *h = kwd_model_hdr(V4, 0);
+        cJSON_DeleteItemFromObjectCaseSensitive(h, "deployment");
+        cJSON *dep = cJSON_AddObjectToObject(h, "deployment");
+        cJSON_AddNumberToObject(dep, "dcp_world", 64);
+        cJSON_AddStringToObject(dep, "arch", "sm_90,sm_100");
+        kwr r = kwc_call(&c, KW_PROTO_KEYS, h, NULL);
+        kwr_expect_type(&r, KW_PROTO_RESULT, "keys");
+        n = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(r.hdr, "keys"));
+        cr_assert_gt(n, 1000);
+        kwr_free(&r);
+        cJSON_Delete(h);
+    }
+    /* The C client (libkwarm). */
+    char *cfg = fixture_text(V4), *res = NULL;
+    kw_client *cl = NULL;
+    cr_assert_eq(kw_client_connect(&cl, d.sock, 60000, NULL, 0), 0);
+    cr_assert_eq(kw_client_warmup(cl, cfg, "{\"dcp_world\": 64, \"arch\": "
+                                  "\"sm_90,sm_100\"}", V4, NULL, NULL, &res), 0,
+                 "%s", kw_client_last_error(cl));
+    cJSON *doc = cJSON_Parse(res);
+    expect_manifest(doc, n, "C client");
+    cr_expect_eq(cJSON_GetObjectItemCaseSensitive(doc, "compiled")->valuedouble, n);
+    cJSON_Delete(doc);
+    free(res);
+    kw_client_close(cl);
+    /* kwarm warmup --json: one document, assembled by the CLI. */
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", KW_FIXTURES, V4);
+    const char *argv[] = {KW_KWARM_BIN, "warmup", "--model", path, "--dcp-world",
+                          "64", "--arch", "sm_90,sm_100", "--socket", d.sock,
+                          "--json", NULL};
+    char *out = NULL, *err = NULL;
+    cr_assert_eq(kw_test_run(argv, &out, &err), 0, "%s", err);
+    doc = cJSON_Parse(out);
+    cr_assert_not_null(doc, "not one JSON document: %.200s", out);
+    expect_manifest(doc, n, "kwarm warmup --json");
+    cr_expect_eq(cJSON_GetObjectItemCaseSensitive(doc, "hits")->valuedouble, n);
+    cJSON_Delete(doc);
+    free(out);
+    free(err);
+    /* The Python client (standard library only). */
+    char script[2048];
+    snprintf(script, sizeof script,
+             "import json, sys; sys.path.insert(0, '%s/../../client/python');"
+             "import kwarm_client as k; c = k.Client('%s');"
+             "r = c.warmup(json.load(open('%s')), {'dcp_world': 64, 'arch': "
+             "'sm_90,sm_100'});"
+             "assert [m['index'] for m in r['manifest']] == list(range(r['keys']));"
+             "print(r['keys'], r['hits'], len(r['manifest']))",
+             KW_FIXTURES, d.sock, path);
+    const char *py[] = {"python3", "-c", script, NULL};
+    cr_assert_eq(kw_test_run(py, &out, &err), 0, "python: %s", err);
+    char want[64];
+    snprintf(want, sizeof want, "%d %d %d\n", n, n, n);
+    cr_expect_str_eq(out, want);
+    free(out);
+    free(err);
+    free(cfg);
+    kwd_down(&d, &c);
+}
+
+/* ---- failures carry their reason ------------------------------------------ */
+
+Test(daemon_warm, a_failed_compile_reaches_the_client_the_cli_and_the_log,
+     .timeout = 300)
+{
+    kwd d;
+    kwc c;
+    kwd_up(&d, "kwd-fail", 2, NULL, &c);
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", KW_FIXTURES, V32);
+    /* sm_35: the deployment flags accept it, the compile step refuses it. */
+    const char *argv[] = {KW_KWARM_BIN, "warmup", "--model", path, "--arch",
+                          "sm_35", "--socket", d.sock, NULL};
+    char *out = NULL, *err = NULL;
+    cr_expect_eq(kw_test_run(argv, &out, &err), 1, "%s", err);
+    cr_expect(strstr(err, " failed: ") != NULL && strstr(err, "sm_35") != NULL,
+              "the warmup's stderr lacks the failure: %s", err);
+    cr_expect(strstr(err, "is not a real architecture") != NULL,
+              "the compile log did not reach kwarm warmup: %s", err);
+    free(out);
+    free(err);
+    /* The streamed result itself carries "error" and "log". */
+    cJSON *h = kwd_model_hdr(V32, 0);
+    cJSON_DeleteItemFromObjectCaseSensitive(h, "deployment");
+    cJSON_AddStringToObject(cJSON_AddObjectToObject(h, "deployment"), "arch",
+                            "sm_35");
+    kwr r = kwc_call(&c, KW_PROTO_WARMUP, h, NULL);
+    kwr_expect_type(&r, KW_PROTO_RESULT, "warmup");
+    const cJSON *first = cJSON_GetArrayItem(
+        cJSON_GetObjectItemCaseSensitive(r.hdr, "manifest"), 0);
+    const char *log = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(first, "log"));
+    cr_expect(log != NULL && strstr(log, "sm_35") != NULL, "result log: %s",
+              log ? log : "(none)");
+    cr_expect_eq(kwr_num(&r, "failed"), kwr_num(&r, "keys"));
+    char dg16[17] = "";
+    const char *dg = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(first, "digest"));
+    cr_assert(dg != NULL && strlen(dg) == 64);
+    memcpy(dg16, dg, 16);
+    kwr_free(&r);
+    cJSON_Delete(h);
+    /* kwarmd's log: one line with the digest and the log's first line. */
+    kwd_down(&d, &c);
+    char *text = kwd_log(d.log);
+    cr_expect(strstr(text, dg16) != NULL && strstr(text, "failed: ") != NULL &&
+              strstr(text, "is not a real architecture") != NULL,
+              "kwarmd's log lacks %s and the compile log's first line: %s",
+              dg16, text);
+    free(text);
+    /* kwarm prewarm prints it too. */
+    char cache[600];
+    snprintf(cache, sizeof cache, "%s/pw", d.dir);
+    const char *pw[] = {KW_KWARM_BIN, "prewarm", "--model", path, "--arch",
+                        "sm_35", "--cache", cache, "--jobs", "2", NULL};
+    cr_expect_eq(kw_test_run(pw, &out, &err), 1, "%s", err);
+    cr_expect(strstr(err, "is not a real architecture") != NULL, "%s", err);
+    free(out);
+    free(err);
+}
+
+Test(daemon_warm, a_crashing_worker_fails_its_keys_and_kwarmd_serves_on,
+     .timeout = 120)
+{
+    instant();
+    cr_assert_eq(setenv("KWARM_TEST_CRASH_FAMILY", "dcp_stable_topk", 1), 0);
+    kwd d;
+    kwc c;
+    kwd_up(&d, "kwd-crash", 2, NULL, &c);
+    cJSON *h = kwd_model_hdr(V32, 2);
+    kwr r = kwc_call(&c, KW_PROTO_WARMUP, h, NULL);
+    kwr_expect_type(&r, KW_PROTO_RESULT, "warmup");
+    cr_expect_gt(kwr_num(&r, "failed"), 0);
+    cr_expect_gt(kwr_num(&r, "compiled"), 0);
+    const cJSON *e;
+    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(r.hdr, "manifest")) {
+        const char *fam = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "family"));
+        const char *st = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "status"));
+        bool crashes = strcmp(fam, "dcp_stable_topk") == 0;
+        cr_expect_str_eq(st, crashes ? "failed" : "compiled", "%s", fam);
+        if (crashes) {
+            const char *log = cJSON_GetStringValue(
+                cJSON_GetObjectItemCaseSensitive(e, "log"));
+            cr_expect(log && strstr(log, "crash"), "log: %s", log ? log : "");
+        }
+    }
+    kwr_free(&r);
+    kwc_expect_pong(&c, "after worker crashes");
+    r = kwc_call(&c, KW_PROTO_WARMUP, kwd_model_hdr(V32, 0), NULL);
+    kwr_expect_type(&r, KW_PROTO_RESULT, "a warmup after the crashes");
+    cr_expect_eq(kwr_num(&r, "failed"), 0);
+    kwr_free(&r);
+    cJSON_Delete(h);
+    kwd_down(&d, &c);
+}
+
+Test(daemon_warm, a_missing_compile_helper_stops_kwarmd_at_start_with_exit_1)
+{
+    kwd d;
+    kwd_init(&d, "kwd-nohelper");
+    const char *bad[][2] = {{"--compile-helper", "/nonexistent/kwarm-compile"},
+                            {"--compile-helper", "/etc/hostname"}};
+    for (size_t i = 0; i < 2; i++) {
+        const char *args[] = {"--socket", d.sock, "--cache", d.cache,
+                              bad[i][0], bad[i][1], NULL};
+        pid_t pid = kwd_spawn(&d, args, d.log);
+        int st = 0;
+        cr_assert(kwd_wait_exit(pid, 10000, &st), "kwarmd hung without a helper");
+        cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 1, "status 0x%x", st);
+    }
+    char *log = kwd_log(d.log);
+    cr_expect(strstr(log, "/nonexistent/kwarm-compile") != NULL, "%s", log);
+    cr_expect(strstr(log, "/etc/hostname") != NULL, "%s", log);
+    free(log);
+}
