@@ -67,10 +67,11 @@ static unsigned threads_256(const int64_t *f)
     return 256u;
 }
 
-static unsigned threads_1024(const int64_t *f)
+/* IT_THREADS in indexer_topk.cu. */
+static unsigned threads_512(const int64_t *f)
 {
     (void)f;
-    return 1024u;
+    return 512u;
 }
 
 /* IT_SMEM in indexer_topk.cu: a 2048-bin histogram and two 4096-key
@@ -172,7 +173,7 @@ static const family_desc families[KW_K_NFAMILIES] = {
     /* rows x cols of logits; windows inside the row. */
     {"indexer_topk", "indexer_topk.cu", "kw_k_indexer_topk", 2,
      {{"topk", F_TOPK}, {"windowed", F_BOOL}},
-     -1, -1, threads_1024, shmem_itopk, NULL, kw__k_gen_itopk,
+     -1, -1, threads_512, shmem_itopk, NULL, kw__k_gen_itopk,
      kw__k_cpu_itopk,
      {{12, 0, 700, 0}, {64, 0, 20000, 0}, {4096, 0, 65536, 0}}, false},
 };

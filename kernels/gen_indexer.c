@@ -227,7 +227,8 @@ int kw__k_gen_itopk(kw_k_case *c, const kw_k_shape *s, kw__k_rng *g)
     kw__k_case_int(c, cols);
     if ((rc = ADD_OUT(c, "topk_pos", KW__K_I32, (int64_t)rows * topk, &out)) < 0)
         return rc;
-    kw__k_case_geometry1(c, (uint64_t)rows, 1024);
+    kw__k_case_geometry1(c, (uint64_t)rows,
+                          kw_k_block_threads(c->fam, c->fields));
     c->shmem = kw_k_shmem_bytes(c->fam, c->fields);
     c->bytes = (size_t)rows * ((size_t)cols * 4 + (size_t)topk * 4 + 8);
     return 0;

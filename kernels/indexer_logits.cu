@@ -3,26 +3,33 @@
  *
  * Template parameters are the key's fields: HEADS, HEAD_DIM, PAGED,
  * PAGE_ROWS, NEXT_N.  One block (256 threads, dynamic shared memory of
- * il_smem_bytes()) scores QB queries against tiles of 128 K rows:
+ * il_smem_bytes()) scores QB queries against tiles of 64 K rows:
  *
- *   S[n][q*HP + h] = sum_d k[n][d] * q[q][h][d]      (a 128 x NQ GEMM)
+ *   S[n][q*HP + h] = sum_d k[n][d] * q[q][h][d]      (a 64 x NQ GEMM)
  *   logits[q][n]   = k_scale[n] * sum_h w[q][h] * relu(S[n][q*HP + h])
  *
  * The K rows are the GEMM's M side, so the head sum of one (row, query)
  * lives in one quad of lanes: each thread folds its own columns, then two
  * shuffles finish the sum, and no row ever crosses a warp.  HP is the head
- * count rounded up to a power of two (at least 16); QB * HP = NQ <= 256;
- * padded heads and queries hold zero bytes and zero weights.
+ * count rounded up to a power of two (at least 16); QB * HP = NQ is 128
+ * (256 for 256 heads; less for a decode key with fewer queries), so the
+ * accumulators leave room for two blocks per SM.  Padded heads and queries
+ * hold zero bytes and zero weights.
  *
- * Shared memory holds the block's queries (NQ x HEAD_DIM bytes), their
- * weights, and 1 to 4 stages of K tiles filled with cp.async, all in the
- * no-swizzle "core matrix" layout of wgmma (8 rows x 16 bytes contiguous,
- * K-direction neighbours 128 bytes apart, 8-row groups 8*HEAD_DIM apart).
+ * Each of the two warpgroups runs its own pipeline over every other tile
+ * (its own 1-4 stages filled with cp.async, its own named barrier), so one
+ * warpgroup's epilogue overlaps the other's tensor-core work.  Row scales
+ * travel with their tile and decode pages are read one iteration ahead,
+ * so no step waits on a dependent global load.  Shared memory holds the
+ * block's queries (NQ x HEAD_DIM bytes, shared), the stages and the
+ * weights, in the no-swizzle "core matrix" layout of wgmma (8 rows x 16
+ * bytes contiguous, K-direction neighbours 128 bytes apart, 8-row groups
+ * 8*HEAD_DIM apart).
  *
  * The tensor-core step has two forms with the same fragment layout (the
  * m16n8 accumulator order, 16 rows per warp):
  *  - sm_90a (__CUDA_ARCH_FEAT_SM90_ALL): wgmma.mma_async m64nNQk32 e4m3,
- *    the two warpgroups taking 64 rows each, operands from shared memory;
+ *    operands from shared memory;
  *  - elsewhere (sm_80 and up): mma.sync m16n8k16 f16 on the fp8 bytes
  *    converted to f16 (exact: every e4m3 value is an f16 value), each warp
  *    taking 16 rows; below sm_80 a scalar loop.
@@ -338,37 +345,72 @@ struct il_block {
     long long stride;  /* output row stride */
 };
 
-/* Loads K tile t (rows t*128 ..) into the core-matrix tile at shared
- * address dst; rows at or past hi are zero-filled, not read. */
+/* Each warpgroup (128 threads) runs its own pipeline over every other
+ * tile of 64 rows, with its own stages and its own named barrier, so one
+ * warpgroup's epilogue overlaps the other's wgmma. */
+#define IL_ROWS 64
+#define IL_WG 128
+
+__device__ __forceinline__ int il_wg() { return (int)threadIdx.x >> 7; }
+__device__ __forceinline__ int il_wt() { return (int)threadIdx.x & 127; }
+
+/* This warpgroup's barrier (ids 1 and 2; 0 is __syncthreads). */
+__device__ __forceinline__ void il_wg_sync()
+{
+    asm volatile("bar.sync %0, 128;\n" ::"r"(1 + il_wg()) : "memory");
+}
+
+/* Page of each K row this thread loads for tile t (decode only), fetched
+ * one iteration before the copies that need them, so no copy waits on a
+ * block-table read: pg[m] for the 16-byte chunks m, pg[NPG - 1] for the
+ * scale row.  Rows at or past hi get page 0 (not read). */
+template <int D, int PR>
+struct il_pages {
+    static constexpr int NPG = D / 32 + 1, P = PR > 0 ? PR : 1;
+    int pg[NPG];
+
+    __device__ __forceinline__ void fetch(int t, int hi,
+                                          const int *__restrict__ bt)
+    {
+        constexpr int C = D / 16;
+#pragma unroll
+        for (int m = 0; m < NPG; m++) {
+            int r = m < NPG - 1 ? (il_wt() + IL_WG * m) / C : il_wt() % IL_ROWS;
+            int row = t * IL_ROWS + r;
+            pg[m] = row < hi ? __ldg(bt + row / P) : 0;
+        }
+    }
+};
+
+/* Loads 64-row K tile t and its row scales (this warpgroup's threads) into
+ * the stage at shared addresses dst and sdst; rows at or past hi are
+ * zero-filled, not read.  Decode rows go through the pages in pg. */
 template <int D, bool PAGED, int PR>
 __device__ __forceinline__ void il_load_tile(unsigned dst, unsigned sdst,
                                              int t, int hi,
                                              const kw_u8 *__restrict__ k,
                                              const float *__restrict__ ksc,
-                                             const int *__restrict__ bt)
+                                             const il_pages<D, PR> &pg)
 {
-    constexpr int C = D / 16, P = PR > 0 ? PR : 1;
-#pragma unroll 4
-    for (int idx = threadIdx.x; idx < IL_TILE * C; idx += IL_THREADS) {
-        int r = idx / C, c = idx % C, row = t * IL_TILE + r;
+    constexpr int C = D / 16, NPG = il_pages<D, PR>::NPG;
+    constexpr int P = il_pages<D, PR>::P;
+#pragma unroll
+    for (int m = 0; m < NPG - 1; m++) {
+        int idx = il_wt() + IL_WG * m;
+        int r = idx / C, c = idx % C, row = t * IL_ROWS + r;
         bool valid = row < hi;
         const kw_u8 *src = k;
-        if (valid) {
-            if (PAGED) {
-                long long page = bt[row / P];
-                src = k + (page * P + row % P) * D + c * 16;
-            } else {
-                src = k + (long long)row * D + c * 16;
-            }
-        }
+        if (valid)
+            src = PAGED ? k + ((long long)pg.pg[m] * P + row % P) * D + c * 16
+                        : k + (long long)row * D + c * 16;
         il_cp16(dst + il_off(r, c, D), src, valid);
     }
     /* The rows' scales, so the epilogue waits on no global load. */
-    for (int r = threadIdx.x; r < IL_TILE; r += IL_THREADS) {
-        int row = t * IL_TILE + r;
+    if (il_wt() < IL_ROWS) {
+        int r = il_wt(), row = t * IL_ROWS + r;
         const float *src = ksc;
         if (row < hi)
-            src = PAGED ? ksc + (long long)bt[row / P] * P + row % P
+            src = PAGED ? ksc + (long long)pg.pg[NPG - 1] * P + row % P
                         : ksc + row;
         il_cp4(sdst + 4 * r, src, row < hi);
     }
@@ -404,7 +446,7 @@ __device__ __forceinline__ void il_epilogue(
     const int *hi, int t, const float *sc, float *__restrict__ out)
 {
     const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-    const int rt = 16 * (threadIdx.x >> 5) + g, r0 = t * IL_TILE + rt;
+    const int rt = 16 * ((threadIdx.x >> 5) & 3) + g, r0 = t * IL_ROWS + rt;
 #pragma unroll
     for (int qq = 0; qq < QB; qq++) {
         float s0 = 0.0f, s1 = 0.0f;
@@ -450,6 +492,127 @@ __device__ __forceinline__ void il_fill(const il_block<QB> &bk, int c0,
             out[(bk.row0 + qq) * bk.stride + n] = ninf;
 }
 
+/* Shared-memory layout: queries, then each warpgroup's S stages of K
+ * rows, then their row scales, then the weights. */
+template <int D, int NQ, int S>
+struct il_smem_map {
+    unsigned qa, kbase, sbase; /* shared addresses of this warpgroup's */
+    const kw_u8 *qs, *kbytes;  /* stages */
+    float *ws;
+    const float *scs;
+
+    __device__ __forceinline__ il_smem_map(kw_u8 *base)
+    {
+        const int w = il_wg();
+        qs = base;
+        kbytes = base + NQ * D + w * S * IL_ROWS * D;
+        scs = (const float *)(base + NQ * D + S * IL_TILE * D) + w * S * IL_ROWS;
+        ws = (float *)(base + NQ * D + S * IL_TILE * (D + 4));
+        qa = (unsigned)__cvta_generic_to_shared(base);
+        kbase = qa + NQ * D + w * S * IL_ROWS * D;
+        sbase = qa + NQ * D + S * IL_TILE * D + w * S * IL_ROWS * 4;
+    }
+};
+
+/* The GEMM of stage st into acc: wgmma on sm_90a, mma.sync elsewhere. */
+template <int D, int NQ, int S>
+__device__ __forceinline__ void il_mma(const il_smem_map<D, NQ, S> &m, int st,
+                                       float *acc)
+{
+#if IL_WGMMA
+    const unsigned ka = m.kbase + st * IL_ROWS * D;
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+    for (int kk = 0; kk < D / 32; kk++)
+        il_wgmma<NQ>::run(acc, il_desc(ka + kk * 256, 8 * D),
+                          il_desc(m.qa + kk * 256, 8 * D), kk > 0);
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#else
+#pragma unroll
+    for (int j = 0; j < NQ / 2; j++)
+        acc[j] = 0.0f;
+    il_mma_warp<NQ, D>(acc, m.kbytes + st * IL_ROWS * D, m.qs,
+                       16 * ((threadIdx.x >> 5) & 3));
+#endif
+}
+
+/* Waits for this thread's copies of all but the newest N groups, then
+ * makes the warpgroup's copies visible to it and to wgmma. */
+template <int N>
+__device__ __forceinline__ void il_arrive()
+{
+    il_cp_wait<N>();
+#if IL_WGMMA
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+    il_wg_sync();
+}
+
+/* One warpgroup's tile loop: its tiles are t(j) = tlo + (2j + w) * tstep
+ * in units of 64 rows, j < nt. */
+template <int H, int D, bool PAGED, int PR, int NEXT_N>
+struct il_loop {
+    static constexpr int HP = il_hp(H), QB = il_qb(H, PAGED, NEXT_N);
+    static constexpr int NQ = QB * HP, S = il_stages(NQ, D);
+    il_smem_map<D, NQ, S> m;
+    il_block<QB> bk;
+    const int *lo, *hi;
+    int tlo, tstep, nt;
+    const kw_u8 *k;
+    const float *ksc;
+    const int *bt;
+    float *out;
+
+    __device__ __forceinline__ il_loop(kw_u8 *base) : m(base) {}
+
+    __device__ __forceinline__ int tile(int j) const
+    {
+        return tlo + (2 * j + il_wg()) * tstep;
+    }
+
+    __device__ __forceinline__ void load(int j, const il_pages<D, PR> &pg)
+    {
+        const int st = j % S;
+        il_load_tile<D, PAGED, PR>(m.kbase + st * IL_ROWS * D,
+                                   m.sbase + st * IL_ROWS * 4, tile(j),
+                                   bk.hi, k, ksc, pg);
+    }
+
+    __device__ __forceinline__ void pages(int j, il_pages<D, PR> &pg)
+    {
+        if (PAGED && j < nt)
+            pg.fetch(tile(j), bk.hi, bt);
+    }
+
+    /* Prefetch distance S - 1 tiles; the pages of a tile are read one
+     * iteration before its copies are issued. */
+    __device__ __forceinline__ void run()
+    {
+        il_pages<D, PR> pg;
+        float acc[NQ / 2];
+        for (int s = 0; s < S - 1; s++) {
+            pages(s, pg);
+            if (s < nt)
+                load(s, pg);
+            il_cp_commit();
+        }
+        pages(S - 1, pg);
+#pragma unroll 1
+        for (int j = 0; j < nt; j++) {
+            if (j + S - 1 < nt)
+                load(j + S - 1, pg);
+            il_cp_commit();
+            pages(j + S, pg);
+            il_arrive<S - 1>();
+            il_mma(m, j % S, acc);
+            il_epilogue<HP, QB>(acc, m.ws, bk, lo, hi, tile(j),
+                                m.scs + (j % S) * IL_ROWS, out);
+            il_wg_sync(); /* stage j % S is free for tile j + S */
+        }
+    }
+};
+
 /* Entry point.  Prefill: (q, w, k, k_scale, ks, ke, num_rows, num_k,
  * stride, logits); decode: (q, w, k_pages, k_scale_pages, block_table,
  * row_end, num_reqs, width, max_rows, logits); see kw_kernels.h. */
@@ -462,26 +625,21 @@ __global__ void __launch_bounds__(
     const int *__restrict__ ia, const int *__restrict__ ib, int x, int y,
     int z, float *__restrict__ out)
 {
-    constexpr int HP = il_hp(H), QB = il_qb(H, PAGED, NEXT_N), NQ = QB * HP;
-    constexpr int S = il_stages(NQ, D);
+    typedef il_loop<H, D, PAGED, PR, NEXT_N> L;
+    constexpr int HP = L::HP, QB = L::QB, NQ = L::NQ;
     static_assert(D % 32 == 0 && NQ <= 256, "key outside the family");
     extern __shared__ __align__(128) kw_u8 il_smem[];
     __shared__ int lo[QB], hi[QB];
-    kw_u8 *qs = il_smem;
-    float *ws = (float *)(il_smem + NQ * D + S * IL_TILE * (D + 4));
-    const float *scs = (const float *)(il_smem + NQ * D + S * IL_TILE * D);
-    const unsigned kbase =
-        (unsigned)__cvta_generic_to_shared(il_smem + NQ * D);
-    const unsigned sbase = kbase + S * IL_TILE * D;
-    il_block<QB> bk;
-    const int *bt = ia;
+    L lp(il_smem);
+    il_block<QB> &bk = lp.bk;
+    lp.bt = ia;
     if (PAGED) {
         const int b = blockIdx.y, q0 = blockIdx.z * QB;
         bk.nq = NEXT_N - q0 < QB ? NEXT_N - q0 : QB;
         bk.row0 = b * NEXT_N + q0;
         bk.limit = z;
         bk.stride = z;
-        bt = ia + (long long)b * y;
+        lp.bt = ia + (long long)b * y;
     } else {
         bk.row0 = blockIdx.x * QB;
         bk.nq = x - bk.row0 < QB ? x - bk.row0 : QB;
@@ -494,7 +652,8 @@ __global__ void __launch_bounds__(
         lo[threadIdx.x] = v && !PAGED ? ia[i] : 0;
         hi[threadIdx.x] = v ? ib[i] : 0;
     }
-    il_load_queries<H, D, HP, NQ>(qs, ws, q, w, bk.row0, bk.nq);
+    il_load_queries<H, D, HP, NQ>((kw_u8 *)lp.m.qs, lp.m.ws, q, w, bk.row0,
+                                  bk.nq);
     __syncthreads();
     bk.lo = 0x7fffffff;
     bk.hi = 0;
@@ -505,68 +664,32 @@ __global__ void __launch_bounds__(
         }
     if (bk.hi == 0)
         bk.lo = 0;
-    const int thi = (bk.hi + IL_TILE - 1) / IL_TILE;
-    int tlo, tstep, nt;
+    /* Tiles of 64 rows: decode blocks stride over them (any grid), a
+     * prefill block covers its queries' union window. */
+    const int thi = (bk.hi + IL_ROWS - 1) / IL_ROWS;
+    int first, count;
     if (PAGED) {
-        tlo = blockIdx.x;
-        tstep = gridDim.x;
-        nt = tlo < thi ? (thi - tlo + tstep - 1) / tstep : 0;
-        const int tend = (bk.limit + IL_TILE - 1) / IL_TILE;
-        for (int t = tlo; t < tend; t += tstep)
+        lp.tlo = blockIdx.x;
+        lp.tstep = gridDim.x;
+        count = lp.tlo < thi ? (thi - lp.tlo + lp.tstep - 1) / lp.tstep : 0;
+        const int tend = (bk.limit + IL_ROWS - 1) / IL_ROWS;
+        for (int t = lp.tlo; t < tend; t += lp.tstep)
             if (t >= thi)
-                il_fill(bk, t * IL_TILE, (t + 1) * IL_TILE, out);
+                il_fill(bk, t * IL_ROWS, (t + 1) * IL_ROWS, out);
     } else {
-        tlo = bk.lo / IL_TILE;
-        tstep = 1;
-        nt = thi - tlo;
-        il_fill(bk, 0, tlo * IL_TILE, out);
-        il_fill(bk, thi * IL_TILE, bk.limit, out);
+        first = bk.lo / IL_ROWS;
+        lp.tlo = first;
+        lp.tstep = 1;
+        count = thi - first;
+        il_fill(bk, 0, first * IL_ROWS, out);
+        il_fill(bk, thi * IL_ROWS, bk.limit, out);
     }
-    const kw_u8 *kbytes = (const kw_u8 *)il_smem + NQ * D;
-#pragma unroll 1
-    for (int s = 0; s < S - 1; s++) {
-        if (s < nt)
-            il_load_tile<D, PAGED, PR>(kbase + s * IL_TILE * D,
-                                       sbase + s * IL_TILE * 4,
-                                       tlo + s * tstep, bk.hi, k, ksc, bt);
-        il_cp_commit();
-    }
-#pragma unroll 1
-    for (int i = 0; i < nt; i++) {
-        const int ld = i + S - 1, st = i % S, t = tlo + i * tstep;
-        if (ld < nt)
-            il_load_tile<D, PAGED, PR>(kbase + (ld % S) * IL_TILE * D,
-                                       sbase + (ld % S) * IL_TILE * 4,
-                                       tlo + ld * tstep, bk.hi, k, ksc, bt);
-        il_cp_commit();
-        il_cp_wait<S - 1>();
-#if IL_WGMMA
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-        __syncthreads();
-        float acc[NQ / 2];
-#pragma unroll
-        for (int j = 0; j < NQ / 2; j++)
-            acc[j] = 0.0f;
-#if IL_WGMMA
-        {
-            const unsigned ka = kbase + st * IL_TILE * D +
-                                (threadIdx.x >> 7) * 64 * D;
-            const unsigned qa = (unsigned)__cvta_generic_to_shared(qs);
-            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-            for (int kk = 0; kk < D / 32; kk++)
-                il_wgmma<NQ>::run(acc, il_desc(ka + kk * 256, 8 * D),
-                                  il_desc(qa + kk * 256, 8 * D), 1);
-            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-        }
-#else
-        il_mma_warp<NQ, D>(acc, kbytes + st * IL_TILE * D, qs,
-                           16 * (threadIdx.x >> 5));
-#endif
-        il_epilogue<HP, QB>(acc, ws, bk, lo, hi, t, scs + st * IL_TILE, out);
-        __syncthreads();
-    }
-    (void)kbytes;
+    /* Warpgroup w takes the block's tiles w, w + 2, ... */
+    lp.nt = (count - il_wg() + 1) / 2;
+    lp.lo = lo;
+    lp.hi = hi;
+    lp.k = k;
+    lp.ksc = ksc;
+    lp.out = out;
+    lp.run();
 }

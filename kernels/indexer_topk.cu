@@ -3,7 +3,8 @@
  *
  * Template parameters are the key's fields: TOPK and WINDOWED.
  *
- * Launch: 1024 threads, kw_k_shmem_bytes() (IT_SMEM) of dynamic shared
+ * Launch: 512 threads (two blocks per SM: one sorts while the other
+ * streams), kw_k_shmem_bytes() (IT_SMEM) of dynamic shared
  * memory; any grid (blocks stride over rows).
  *
  * Each element of a window becomes the 64-bit key (mono(score) << 32) |
@@ -25,7 +26,7 @@
 
 typedef unsigned long long kw_u64;
 
-#define IT_THREADS 1024
+#define IT_THREADS 512
 #define IT_CAP 4096
 #define IT_BINS 2048
 /* hist[IT_BINS] u32, sel[IT_CAP] u64, cand[IT_CAP] u64 */
@@ -78,6 +79,67 @@ __device__ __forceinline__ void it_find(const unsigned *hist, int k,
         before += h;
     }
 }
+
+/* Calls f(score, position) for every element of a window, with 16-byte
+ * loads, four in flight per thread, between a scalar head (up to the
+ * first 16-byte boundary) and a scalar tail: a block has enough bytes in
+ * flight to stream the row at the memory's rate. */
+template <class F>
+__device__ __forceinline__ void it_visit(const float *__restrict__ row,
+                                         int len, F &f)
+{
+    int head = (int)((16 - ((unsigned long long)row & 15)) & 15) / 4;
+    head = head < len ? head : len;
+    for (int i = threadIdx.x; i < head; i += IT_THREADS)
+        f(__ldg(row + i), i);
+    const float4 *v = (const float4 *)(row + head);
+    const int nv = (len - head) / 4;
+    for (int j = threadIdx.x; j < nv; j += 4 * IT_THREADS) {
+        float4 x[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            if (j + u * IT_THREADS < nv)
+                x[u] = __ldg(v + j + u * IT_THREADS);
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            if (j + u * IT_THREADS < nv) {
+                int p = head + 4 * (j + u * IT_THREADS);
+                f(x[u].x, p);
+                f(x[u].y, p + 1);
+                f(x[u].z, p + 2);
+                f(x[u].w, p + 3);
+            }
+    }
+    for (int i = head + 4 * nv + threadIdx.x; i < len; i += IT_THREADS)
+        f(__ldg(row + i), i);
+}
+
+/* Histogram step of the fast path: the top 11 bits of mono(score). */
+struct it_hist {
+    unsigned *hist;
+
+    __device__ __forceinline__ void operator()(float s, int) const
+    {
+        atomicAdd(&hist[it_mono(s) >> 21], 1u);
+    }
+};
+
+/* Gather step of the fast path: keys above the boundary bin to sel, keys
+ * in it to cand. */
+struct it_gather {
+    int bin;
+    kw_u64 *sel, *cand;
+    it_ctl *ctl;
+
+    __device__ __forceinline__ void operator()(float s, int i) const
+    {
+        int b = (int)(it_mono(s) >> 21);
+        if (b > bin)
+            sel[atomicAdd(&ctl->nsel, 1)] = it_key(s, i);
+        else if (b == bin)
+            cand[atomicAdd(&ctl->ncand, 1)] = it_key(s, i);
+    }
+};
 
 /* Sorts a[0..n) descending (bitonic over the next power of two, padded
  * with 0, which is below every key: no position is 0xffffffff). */
@@ -174,8 +236,8 @@ __device__ bool it_fast(const float *__restrict__ row, int len, int *out,
         for (int i = threadIdx.x; i < IT_BINS; i += IT_THREADS)
             hist[i] = 0;
         __syncthreads();
-        for (int i = threadIdx.x; i < len; i += IT_THREADS)
-            atomicAdd(&hist[it_mono(__ldg(row + i)) >> 21], 1u);
+        it_hist h = {hist};
+        it_visit(row, len, h);
         __syncthreads();
         if (threadIdx.x < 32)
             it_find<IT_BINS>(hist, TOPK, ctl);
@@ -190,14 +252,8 @@ __device__ bool it_fast(const float *__restrict__ row, int len, int *out,
     const int bin = ctl->bin, above = ctl->above;
     if (ctl->count > IT_CAP)
         return false;
-    for (int i = threadIdx.x; i < len; i += IT_THREADS) {
-        float s = __ldg(row + i);
-        int b = (int)(it_mono(s) >> 21);
-        if (b > bin)
-            sel[atomicAdd(&ctl->nsel, 1)] = it_key(s, i);
-        else if (b == bin)
-            cand[atomicAdd(&ctl->ncand, 1)] = it_key(s, i);
-    }
+    it_gather gt = {bin, sel, cand, ctl};
+    it_visit(row, len, gt);
     __syncthreads();
     const int n = all ? len : TOPK;
     if (!all) {
@@ -214,7 +270,7 @@ __device__ bool it_fast(const float *__restrict__ row, int len, int *out,
 /* Entry point: (logits, ks or row_end, ke or unused, num_rows, stride,
  * topk_pos); see kw_kernels.h. */
 template <int TOPK, bool WINDOWED>
-__global__ void __launch_bounds__(IT_THREADS) kw_k_indexer_topk(
+__global__ void __launch_bounds__(IT_THREADS, 2) kw_k_indexer_topk(
     const float *__restrict__ logits, const int *__restrict__ ks,
     const int *__restrict__ ke, int num_rows, int stride,
     int *__restrict__ topk_pos)

@@ -103,7 +103,8 @@ typedef struct kw_k_dev {
  *       e4m3), const float *w [T][H], const uint8 *k [N][D], const float
  *       *k_scale [N], const int *ks, const int *ke, int num_rows (T),
  *       int num_k (N), int stride, float *logits [T][stride].
- *       Grid: ceil(T / kw_k_logits_queries()) blocks.
+ *       Grid: ceil(T / kw_k_logits_queries()) blocks.  Each of the two
+ *       warpgroups of a block takes every other tile of 64 K rows.
  *   indexer_logits, decode (paged true): const uint8 *q [Q][H][D], const
  *       float *w [Q][H], const uint8 *k_pages [pages][page_rows][D], const
  *       float *k_scale_pages [pages][page_rows], const int *block_table
@@ -115,7 +116,7 @@ typedef struct kw_k_dev {
  *       of dynamic shared memory, the same on every arch.
  *   indexer_topk: const float *logits [rows][stride], const int *ks
  *       (windowed; else row_end), const int *ke (windowed; else 0), int
- *       num_rows, int stride, int *topk_pos [rows][topk].  Block: 1024
+ *       num_rows, int stride, int *topk_pos [rows][topk].  Block: 512
  *       threads, kw_k_shmem_bytes() dynamic shared memory.  Grid: any
  *       (blocks stride over rows).
  * The other families use no dynamic shared memory.  "Any grid" kernels
