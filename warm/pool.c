@@ -108,7 +108,10 @@ int kw__pool_start(kw__pool **out, const kw__pool_opts *o, char *err,
     p->sync_init = true;
     p->nfree = p->jobs;
     for (unsigned i = 0; i < p->jobs; i++)
-        if ((rc = kw__pool_slot_start(p, &p->slots[i], err, errlen)) < 0)
+        if ((rc = kw__pool_slot_spawn(p, &p->slots[i], err, errlen)) < 0)
+            goto fail;
+    for (unsigned i = 0; i < p->jobs; i++)
+        if ((rc = kw__pool_slot_hello(p, &p->slots[i], err, errlen)) < 0)
             goto fail;
     p->started = true;
     *out = p;

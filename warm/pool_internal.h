@@ -74,4 +74,11 @@ int kw__pool_slot_end_crashed(kw__pool *p, kw__pool_slot *s, bool eof,
  * failure the slot is left empty and the child, if any, reaped. */
 int kw__pool_slot_start(kw__pool *p, kw__pool_slot *s, char *msg, size_t cap);
 
+/* The two halves of kw__pool_slot_start(), so that kw__pool_start() can
+ * spawn every worker before it waits for the first HELLO (workers load
+ * NVRTC in parallel).  spawn returns 0 or -errno (msg set); hello returns
+ * what kw__pool_slot_start() does and reaps the worker on failure. */
+int kw__pool_slot_spawn(kw__pool *p, kw__pool_slot *s, char *msg, size_t cap);
+int kw__pool_slot_hello(kw__pool *p, kw__pool_slot *s, char *msg, size_t cap);
+
 #endif /* KW_WARM_POOL_INTERNAL_H */

@@ -245,18 +245,17 @@ static int spawn(kw__pool *p, kw__pool_slot *s, char *msg, size_t cap)
     return 0;
 }
 
-/* Starts a worker in the empty slot s and waits for its HELLO.
- * Returns 0, KW__POOL_ECANCELED, or a failure code with msg set; on any
- * failure the slot is left empty and the child, if any, reaped. */
-int kw__pool_slot_start(kw__pool *p, kw__pool_slot *s, char *msg, size_t cap)
+int kw__pool_slot_spawn(kw__pool *p, kw__pool_slot *s, char *msg, size_t cap)
 {
-    int rc = spawn(p, s, msg, cap);
-    if (rc < 0)
-        return rc;
+    return spawn(p, s, msg, cap);
+}
+
+int kw__pool_slot_hello(kw__pool *p, kw__pool_slot *s, char *msg, size_t cap)
+{
     uint8_t hdr[KW__POOL_HDR_LEN], body[KW__POOL_HELLO_LEN];
     uint32_t len;
     uint64_t deadline = kw__pool_now_ms() + KW__POOL_HELLO_TIMEOUT_MS;
-    rc = kw__pool_recv_full(p, s->fd, hdr, sizeof hdr, deadline);
+    int rc = kw__pool_recv_full(p, s->fd, hdr, sizeof hdr, deadline);
     if (rc == 0 && kw__pool_hdr_parse(hdr, KW__POOL_T_HELLO, &len) < 0)
         rc = KW_EPROTO;
     if (rc == 0)
@@ -276,5 +275,11 @@ int kw__pool_slot_start(kw__pool *p, kw__pool_slot *s, char *msg, size_t cap)
     snprintf(msg, cap, "compile helper %s failed before it was ready: %s",
              p->helper, why + strlen("compile worker "));
     return rc;
+}
+
+int kw__pool_slot_start(kw__pool *p, kw__pool_slot *s, char *msg, size_t cap)
+{
+    int rc = spawn(p, s, msg, cap);
+    return rc < 0 ? rc : kw__pool_slot_hello(p, s, msg, cap);
 }
 
