@@ -15,6 +15,14 @@
 
 #define README KW_FIXTURES "/../../README.md"
 
+/* In the ASan/UBSan build libkwarm is instrumented, so the example that
+ * loads it must be too (the ASan runtime comes first or not at all). */
+#ifdef __SANITIZE_ADDRESS__
+#define EXAMPLE_CFLAGS "-fsanitize=address,undefined"
+#else
+#define EXAMPLE_CFLAGS ""
+#endif
+
 static char prefix[64];
 
 static void setup(void)
@@ -114,10 +122,10 @@ Test(install, readme_client_example_builds_with_pkg_config_from_the_prefix,
     cr_assert_eq(sh("pc=$(find \"$1\" -name kwarm.pc) && [ -n \"$pc\" ] && "
                     "export PKG_CONFIG_LIBDIR=\"$(dirname \"$pc\"):"
                     "$(pkg-config --variable pc_path pkg-config)\" && "
-                    "cc -Wall -Wextra -Werror \"$2\" -o \"$3\" "
+                    "cc -Wall -Wextra -Werror $4 \"$2\" -o \"$3\" "
                     "$(pkg-config --cflags --libs kwarm) && "
                     "pkg-config --variable libdir kwarm",
-                    ARGS(prefix, src, exe), &libdir), 0,
+                    ARGS(prefix, src, exe, EXAMPLE_CFLAGS), &libdir), 0,
                  "the README example does not build from %s", prefix);
     libdir[strcspn(libdir, "\n")] = '\0';
     cr_expect(strncmp(libdir, prefix, strlen(prefix)) == 0,
