@@ -43,11 +43,13 @@ static int pool_new(kw__pool **out, const kw__pool_opts *o, char *err,
         snprintf(err, errlen, "compile pool: out of memory");
         return KW_ENOMEM;
     }
-    int rc = o->helper ? (snprintf(p->helper, sizeof p->helper, "%s",
-                                   o->helper) < (int)sizeof p->helper
-                              ? 0
-                              : KW_ENOSPC)
-                       : kw__pool_find_helper(p->helper, sizeof p->helper);
+    int rc = 0;
+    if (o->helper == NULL)
+        rc = kw__pool_find_helper(p->helper, sizeof p->helper);
+    else if (strlen(o->helper) >= sizeof p->helper)
+        rc = KW_ENOSPC;
+    else
+        strcpy(p->helper, o->helper);
     if (rc < 0) {
         snprintf(err, errlen, rc == -ENOENT
                                   ? "compile helper kwarm-compile not found "
