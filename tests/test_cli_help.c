@@ -132,7 +132,7 @@ Test(cli_help, kwarm_help_lists_version_and_help)
     words_free(&cmds);
 }
 
-Test(cli_help, every_flag_a_command_takes_is_in_its_help, .timeout = 120)
+Test(cli_help, every_flag_a_command_takes_is_in_its_help, .timeout = 600)
 {
     setenv("KWARM_SOCKET", "/nonexistent/kwarm-help-test.sock", 1);
     words cmds = {0}, flags = {0};
@@ -150,13 +150,15 @@ Test(cli_help, every_flag_a_command_takes_is_in_its_help, .timeout = 120)
     size_t probed = 0, missing = 0;
     for (size_t c = 0; c < cmds.n; c++)
         for (size_t f = 0; f < flags.n; f++) {
+            if (names_flag(help[c], flags.w[f]))
+                continue; /* listed: nothing to prove */
             result r = kwarm(ARGS(cmds.w[c], flags.w[f]));
             char unknown[128];
             snprintf(unknown, sizeof unknown, "%s: unknown argument", flags.w[f]);
             bool taken = strstr(r.err, unknown) == NULL;
             result_free(&r);
             probed++;
-            if (taken && !names_flag(help[c], flags.w[f])) {
+            if (taken) {
                 cr_log_error("kwarm %s takes %s but its --help does not list it",
                              cmds.w[c], flags.w[f]);
                 missing++;
