@@ -277,6 +277,10 @@ static int answer_compile(const kw_keys_key *k, const hooks *h)
     const char *log = r.log;
     if (rc == KW_ENOSPC && entry != NULL)
         log = "lowered entry name longer than 255 bytes";
+    if (rc == 0 && r.cubin_len > KW__POOL_MAX_CUBIN) {
+        rc = KW_E2BIG; /* what the pool would refuse as a broken frame */
+        log = "cubin larger than 64 MiB";
+    }
     int e = send_response(rc, r.seconds, rc == 0 ? entry : NULL, log,
                           r.cubin, r.cubin_len);
     kw_jit_result_destroy(&r);

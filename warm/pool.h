@@ -144,7 +144,8 @@ typedef struct kw__pool_opts {
  * first, so kw__pool_result_destroy() is correct whatever it returned. */
 typedef struct kw__pool_result {
     /* 0; KW_ENVRTC (log = NVRTC's log); KW_EINVAL, KW_ENOFAMILY (the key
-     * was refused before NVRTC; log says why when jit/ said); KW_ENOMEM
+     * was refused before NVRTC; log says why when jit/ said); KW_ENOSPC,
+     * KW_E2BIG (entry name over 255 bytes, cubin over 64 MiB); KW_ENOMEM
      * (this process ran out of memory); KW__POOL_ETIMEOUT,
      * KW__POOL_EMEMLIMIT, KW__POOL_ECRASH (log says which and why);
      * KW__POOL_ECANCELED; or -errno of a failed pipe or spawn. */
