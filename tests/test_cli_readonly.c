@@ -1,6 +1,7 @@
 /* test_cli_readonly.c: `kwarm get`, `ls` and `stats` with --cache on a
  * cache the user cannot write (issue 12 point 4): as `nobody` on a root
- * cache of mode 0755 (root only; skipped otherwise).  Also what get does
+ * cache of mode 0755, and on a read-only bind mount (both root only;
+ * skipped otherwise).  Also what get does
  * on a miss (point 10): by family, fields and arch it compiles and stores;
  * by digest it cannot, and says so with a hint; on a read-only cache it
  * never compiles.  And the 16 hex digits `kwarm keys` prints work as
@@ -10,6 +11,7 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <pwd.h>
+#include <sys/mount.h>
 #include <sys/wait.h>
 
 #include "cli_util.h"
@@ -226,4 +228,57 @@ Test(cli_readonly, nobody_reads_a_root_cache_it_cannot_write, .init = setup,
     struct stat st;
     cr_assert_eq(stat(cache, &st), 0);
     cr_expect_eq(st.st_uid, 0);
+}
+
+/* ---- on a read-only mount ----------------------------------------------- */
+
+static char mnt[200];
+
+static void teardown_mount(void)
+{
+    if (mnt[0] != '\0')
+        umount2(mnt, MNT_DETACH);
+    mnt[0] = '\0';
+    tmp_teardown();
+}
+
+Test(cli_readonly, readers_serve_from_a_read_only_mount, .init = setup,
+     .fini = teardown_mount)
+{
+    if (geteuid() != 0)
+        cr_skip_test("needs root to mount");
+    char hex[65], fields[512], ro[200];
+    first_key(hex, fields, sizeof fields);
+    fill(hex);
+    snprintf(ro, sizeof ro, "%s/ro", tmpdir);
+    cr_assert_eq(mkdir(ro, 0755), 0);
+    if (mount(cache, ro, NULL, MS_BIND, NULL) != 0)
+        cr_skip_test("bind mount refused: %s", strerror(errno));
+    snprintf(mnt, sizeof mnt, "%s", ro);
+    cr_assert_eq(mount(NULL, ro, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY, NULL), 0,
+                 "remount read-only: %s", strerror(errno));
+    cr_assert_eq(access(ro, W_OK), -1, "the mount is writable");
+
+    result r = kwarm(ARGS("get", "--digest", hex, "--cache", ro, "-o", "-"));
+    cr_expect_eq(r.status, 0, "get: %s", r.err);
+    cr_expect(r.out[0] == 0x42, "get did not write the cubin");
+    result_free(&r);
+    r = kwarm(ARGS("ls", "--cache", ro));
+    cr_expect(r.status == 0 && strstr(r.out, "1 entries"), "ls: %s%s", r.out, r.err);
+    result_free(&r);
+    r = kwarm(ARGS("stats", "--cache", ro, "--json"));
+    cr_expect_eq(r.status, 0, "stats: %s", r.err);
+    cJSON *doc = cJSON_Parse(r.out);
+    cr_expect(cJSON_IsTrue(cJSON_GetObjectItem(doc, "read_only")), "%s", r.out);
+    cJSON_Delete(doc);
+    result_free(&r);
+    r = kwarm(ARGS("get", "--family", "dcp_stable_topk", "--fields",
+                   "topk=2048,num_candidates=16384", "--arch", "sm_90",
+                   "--cache", ro, "-o", "-"));
+    cr_expect_eq(r.status, 1);
+    cr_expect(strstr(r.err, "read-only") != NULL, "%s", r.err);
+    result_free(&r);
+    r = kwarm(ARGS("resize", "--cache", ro, "2G"));
+    cr_expect_eq(r.status, 1, "resize on a read-only mount: %s", r.err);
+    result_free(&r);
 }
