@@ -26,8 +26,10 @@
  * hit counts and last-used times are kept in memory only.
  *
  * Read transactions are pooled per handle (reset, then renewed), so a hit
- * costs no reader-slot lock; kw_cache_borrow() hands out a pointer into
- * the map itself.
+ * costs no reader-slot lock, and while nothing is committed a hit reuses
+ * what the last read of its digest found instead of searching the
+ * B-trees (always checking the blob's XXH3-128); kw_cache_borrow() hands
+ * out a pointer into the map itself.
  *
  * Thread-safety: one kw_cache may be used from any number of threads at
  * once; write transactions serialize inside LMDB.  Several processes may
