@@ -377,6 +377,16 @@ void kw__cli_print_stats(const kw_cache_stats *st, const char *dir, bool json)
         printf("  %-17s %s\n", "read_only", st->read_only ? "true" : "false");
 }
 
+/* True when this process may write the cache in dir (its directory and
+ * data file; access() also says EROFS on a read-only mount). */
+static bool writable(const char *dir)
+{
+    char data[4096];
+    int n = snprintf(data, sizeof data, "%s/data.mdb", dir);
+    return access(dir, W_OK) == 0 && n > 0 && (size_t)n < sizeof data &&
+           (access(data, W_OK) == 0 || errno == ENOENT);
+}
+
 int kw__cli_stats(int argc, char **argv)
 {
     const char *dir = NULL;
@@ -405,8 +415,13 @@ int kw__cli_stats(int argc, char **argv)
     if (rc != KW_CLI_OK)
         return rc;
     rc = kw_cache_stats_get(c, &st);
-    if (rc == 0)
+    if (rc == 0) {
+        /* The handle is read-only by choice (stats never writes, so it has
+         * no side effect such as a trim); report whether the cache could
+         * be written by this user, as kwarmd's stats would. */
+        st.read_only = !writable(dir);
         kw__cli_print_stats(&st, dir, json);
+    }
     else
         kw__cli_err("stats", "%s: %s", dir, kw_strerror(rc));
     kw_cache_close(c);

@@ -282,6 +282,8 @@ Test(cli_admin, resize_stores_the_limit_and_trims_unpinned_lru, .init = setup,
     doc = json_of(ARGS("stats", "--cache", cache, "--json"), 0);
     cr_expect_eq(cJSON_GetObjectItem(doc, "max_size")->valuedouble, 1 << 20);
     cr_expect_eq(cJSON_GetObjectItem(doc, "pinned_entries")->valueint, 1);
+    cr_expect(cJSON_IsFalse(cJSON_GetObjectItem(doc, "read_only")),
+              "a writable cache reported read-only");
     cJSON_Delete(doc);
     expect_bad_input("bad size", ARGS("resize", "--cache", cache, "12Q"),
                      NEEDLES("SIZE"));
