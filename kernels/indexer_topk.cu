@@ -124,6 +124,25 @@ struct it_hist {
     }
 };
 
+/* Appends key to buf at *count when want, one shared atomic per warp
+ * (the lanes calling together) instead of one per key: a single counter
+ * hit by every lane was the gather's bottleneck. */
+__device__ __forceinline__ void it_append(bool want, kw_u64 key, kw_u64 *buf,
+                                          int *count)
+{
+    const unsigned act = __activemask(), lane = threadIdx.x & 31;
+    const unsigned bal = __ballot_sync(act, want);
+    if (bal == 0)
+        return;
+    const int leader = __ffs(bal) - 1;
+    int base = 0;
+    if ((int)lane == leader)
+        base = atomicAdd(count, __popc(bal));
+    base = __shfl_sync(act, base, leader);
+    if (want)
+        buf[base + __popc(bal & ((1u << lane) - 1))] = key;
+}
+
 /* Gather step of the fast path: keys above the boundary bin to sel, keys
  * in it to cand. */
 struct it_gather {
@@ -134,10 +153,9 @@ struct it_gather {
     __device__ __forceinline__ void operator()(float s, int i) const
     {
         int b = (int)(it_mono(s) >> 21);
-        if (b > bin)
-            sel[atomicAdd(&ctl->nsel, 1)] = it_key(s, i);
-        else if (b == bin)
-            cand[atomicAdd(&ctl->ncand, 1)] = it_key(s, i);
+        kw_u64 key = it_key(s, i);
+        it_append(b > bin, key, sel, &ctl->nsel);
+        it_append(b == bin, key, cand, &ctl->ncand);
     }
 };
 
@@ -166,6 +184,99 @@ __device__ void it_sort(kw_u64 *a, int n)
             }
             __syncthreads();
         }
+}
+
+/* The exact key of the k-th largest (1-based, k <= n) of the n keys in
+ * shared memory a, which share their top 8 bits (one boundary bin):
+ * 8-bit radix passes over a, no global memory. */
+__device__ kw_u64 it_select_smem(const kw_u64 *a, int n, int k,
+                                 unsigned *hist, it_ctl *ctl)
+{
+    kw_u64 prefix = a[0] & 0xff00000000000000ull;
+    for (int shift = 48; shift >= 0; shift -= 8) {
+        for (int i = threadIdx.x; i < 256; i += IT_THREADS)
+            hist[i] = 0;
+        __syncthreads();
+        for (int i = threadIdx.x; i < n; i += IT_THREADS)
+            if ((a[i] >> (shift + 8)) == (prefix >> (shift + 8)))
+                atomicAdd(&hist[(a[i] >> shift) & 255], 1u);
+        __syncthreads();
+        if (threadIdx.x < 32)
+            it_find<256>(hist, k, ctl);
+        __syncthreads();
+        k -= ctl->above;
+        prefix |= (kw_u64)ctl->bin << shift;
+        __syncthreads();
+    }
+    return prefix;
+}
+
+/* One compare-exchange of the bitonic network, seen from index i: its
+ * new key, given its partner's key y (partner i ^ j, stage (k, j)). */
+__device__ __forceinline__ kw_u64 it_pick(kw_u64 x, kw_u64 y, int i, int j,
+                                          int k)
+{
+    const bool keep_max = ((i & j) == 0) == ((i & k) == 0);
+    return keep_max ? (x > y ? x : y) : (x < y ? x : y);
+}
+
+/* In-thread stages (partner in the same thread's registers). */
+template <int E, int J>
+__device__ __forceinline__ void it_step_reg(kw_u64 *x, int k)
+{
+    kw_u64 y[E];
+#pragma unroll
+    for (int e = 0; e < E; e++)
+        y[e] = x[e ^ J];
+#pragma unroll
+    for (int e = 0; e < E; e++)
+        x[e] = it_pick(x[e], y[e], (int)threadIdx.x * E + e, J, k);
+}
+
+/* Sorts a[0..n) descending and writes the positions to out[0..n): a
+ * bitonic network over E * IT_THREADS slots (padding 0) held E per thread
+ * in registers; stages whose partner is in the same warp use shuffles,
+ * only those across warps go through shared memory (10 of 66 for 2048
+ * keys), so the sort costs a few dozen barriers instead of 66 x 2. */
+template <int E>
+__device__ void it_sort_emit(kw_u64 *a, int n, int *out)
+{
+    constexpr int P = E * IT_THREADS;
+    const int t = threadIdx.x;
+    kw_u64 x[E];
+#pragma unroll
+    for (int e = 0; e < E; e++)
+        x[e] = t * E + e < n ? a[t * E + e] : 0;
+    for (int k = 2; k <= P; k <<= 1)
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            if (j >= 32 * E) {
+                __syncthreads();
+#pragma unroll
+                for (int e = 0; e < E; e++)
+                    a[t * E + e] = x[e];
+                __syncthreads();
+#pragma unroll
+                for (int e = 0; e < E; e++)
+                    x[e] = it_pick(x[e], a[(t * E + e) ^ j], t * E + e, j, k);
+            } else if (j >= E) {
+#pragma unroll
+                for (int e = 0; e < E; e++) {
+                    kw_u64 y = __shfl_xor_sync(0xffffffffu, x[e], j / E);
+                    x[e] = it_pick(x[e], y, t * E + e, j, k);
+                }
+            } else if (j == 1) {
+                it_step_reg<E, 1>(x, k);
+            } else if (E > 2 && j == 2) {
+                it_step_reg<E, (E > 2 ? 2 : 1)>(x, k);
+            } else if (E > 4 && j == 4) {
+                it_step_reg<E, (E > 4 ? 4 : 1)>(x, k);
+            }
+        }
+#pragma unroll
+    for (int e = 0; e < E; e++)
+        if (t * E + e < n)
+            out[t * E + e] = (int)(0xffffffffu - (unsigned)x[e]);
+    __syncthreads();
 }
 
 /* The exact key of the k-th largest (1-based, k <= len) element. */
@@ -257,13 +368,25 @@ __device__ bool it_fast(const float *__restrict__ row, int len, int *out,
     __syncthreads();
     const int n = all ? len : TOPK;
     if (!all) {
-        it_sort(cand, ctl->ncand);
-        for (int i = threadIdx.x; i < TOPK - above; i += IT_THREADS)
-            sel[above + i] = cand[i];
+        /* The TOPK - above best of the boundary bin: keys at or above the
+         * exact (TOPK - above)-th, which are unique. */
+        kw_u64 thr = it_select_smem(cand, ctl->ncand, TOPK - above, hist, ctl);
+        const int nc = ctl->ncand;
+        for (int i0 = 0; i0 < nc; i0 += IT_THREADS) {
+            int i = i0 + threadIdx.x;
+            it_append(i < nc && cand[i] >= thr, i < nc ? cand[i] : 0, sel,
+                      &ctl->nsel);
+        }
         __syncthreads();
     }
-    it_sort(sel, n);
-    it_emit(sel, n, out);
+    if (n > 2048)
+        it_sort_emit<8>(sel, n, out);
+    else if (n > 1024)
+        it_sort_emit<4>(sel, n, out);
+    else {
+        it_sort(sel, n);
+        it_emit(sel, n, out);
+    }
     return true;
 }
 
