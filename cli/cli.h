@@ -1,7 +1,7 @@
 /* cli.h: pieces shared by the kwarm CLI's commands (kw__cli_, not API).
  *
  * The CLI is the one place, with daemon/main.c, that prints and decides
- * exit codes: 0 ok, 1 runtime failure, 2 bad input (DESIGN.md).
+ * exit codes: 0 ok, 1 runtime failure, 2 bad input (docs/design.md).
  */
 #ifndef KW_CLI_H
 #define KW_CLI_H

@@ -12,9 +12,10 @@ static const char keys_usage[] =
     "usage: kwarm keys --model CONFIG.json [DEPLOYMENT] [--json]\n"
     "\n"
     "Prints the compile keys a sparse-MLA serving process needs for this model\n"
-    "and deployment (spec/warmup-keys.md), with their digests.\n"
+    "and deployment (docs/spec/warmup-keys.md), with their digests.\n"
     "\n"
-    "  --json                     the document of spec §6 instead of a table\n"
+    "  --json                     one JSON document (docs/spec/warmup-keys.md\n"
+    "                             §6) instead of a table\n"
     "  -h, --help                 this text\n"
     "\n";
 
