@@ -312,6 +312,50 @@ static bool parse_args(int argc, char **argv, const char **model,
     return argc % 2 == 1 && *iters > 0 && *runs > 0 && *runs <= MAX_RUNS;
 }
 
+/* Derives the keys, compiles them and fills both caches under a new
+ * temporary dir (its path into dir).  0, or -1 with the reason printed. */
+static int setup(const char *model, char *dir, kw_keys_set *set, kw_cache **c,
+                 blob **b)
+{
+    char files[600], err[512] = "";
+    if (bench_derive(model, "2", "all", set) < 0 || mkdtemp(dir) == NULL)
+        return -1;
+    snprintf(files, sizeof files, "%s/files", dir);
+    mkdir(files, 0700);
+    snprintf(files, sizeof files, "%s/lmdb", dir);
+    kw_cache_opts co = {.dir = files};
+    *b = calloc(set->nkeys, sizeof **b);
+    int rc = *b ? kw_cache_open(c, &co, err, sizeof err) : KW_ENOMEM;
+    for (size_t i = 0; i < set->nkeys && rc == 0; i++)
+        rc = populate_one(&set->keys[i], dir, *c, &(*b)[i]);
+    if (rc != 0)
+        fprintf(stderr, "bench_cache: setup failed: %s\n", err);
+    return rc == 0 ? 0 : -1;
+}
+
+/* Prints the tables and the JSON (stdout, and json when not NULL). */
+static void report(const results *r, const blob *b, size_t nb, size_t iters,
+                   const char *json)
+{
+    double *cs = malloc(nb * sizeof *cs), bytes = 0;
+    for (size_t i = 0; i < nb; i++) {
+        cs[i] = b[i].compile_s * 1e9;
+        bytes += (double)b[i].len;
+    }
+    qsort(cs, nb, sizeof *cs, bench_cmp_double);
+    printf("%zu cubins of %.1f KB on average, %zu hits per method per run, "
+           "%zu runs\n\n", nb, bytes / nb / 1024, iters, r->runs);
+    print_tables(r, cs, nb);
+    printf("\n");
+    print_json(stdout, r, nb, bytes / nb / 1024, iters, cs, nb);
+    FILE *f = json ? fopen(json, "w") : NULL;
+    if (f != NULL) {
+        print_json(f, r, nb, bytes / nb / 1024, iters, cs, nb);
+        fclose(f);
+    }
+    free(cs);
+}
+
 int main(int argc, char **argv)
 {
     const char *model = "tests/fixtures/deepseek-v4-flash.json", *json = NULL;
@@ -322,26 +366,15 @@ int main(int argc, char **argv)
         return 2;
     }
     kw_keys_set set;
-    char dir[] = "/tmp/kw-bench-cache-XXXXXX", files[600], err[512] = "";
-    if (bench_derive(model, "2", "all", &set) < 0 || mkdtemp(dir) == NULL)
-        return 1;
-    snprintf(files, sizeof files, "%s/files", dir);
-    mkdir(files, 0700);
-    snprintf(files, sizeof files, "%s/lmdb", dir);
-    kw_cache_opts co = {.dir = files};
+    char dir[] = "/tmp/kw-bench-cache-XXXXXX";
     kw_cache *c = NULL;
-    blob *b = calloc(set.nkeys, sizeof *b);
+    blob *b = NULL;
     sink k = {malloc(KW_CACHE_MAX_BLOB), KW_CACHE_MAX_BLOB, 0};
-    int rc = b && k.buf ? kw_cache_open(&c, &co, err, sizeof err) : KW_ENOMEM;
-    for (size_t i = 0; i < set.nkeys && rc == 0; i++)
-        rc = populate_one(&set.keys[i], dir, c, &b[i]);
-    if (rc != 0) {
-        fprintf(stderr, "bench_cache: setup failed: %s\n", err);
-        return 1;
-    }
-    double *s[NMETHODS], *cs = malloc(set.nkeys * sizeof *cs), bytes = 0;
+    double *s[NMETHODS];
     for (int m = 0; m < NMETHODS; m++)
         s[m] = malloc(iters * sizeof *s[m]);
+    if (!k.buf || setup(model, dir, &set, &c, &b) < 0)
+        return 1;
     results r = {0};
     for (size_t i = 0; i < set.nkeys; i++) /* warm the page cache */
         for (int m = 0; m < NMETHODS; m++)
@@ -349,23 +382,7 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < runs; i++)
         if (run_once(c, b, set.nkeys, iters, s, &k, &r, (int)i % NMETHODS) < 0)
             return 1;
-    for (size_t i = 0; i < set.nkeys; i++) {
-        cs[i] = b[i].compile_s * 1e9;
-        bytes += (double)b[i].len;
-    }
-    qsort(cs, set.nkeys, sizeof *cs, bench_cmp_double);
-    printf("%zu cubins of %.1f KB on average, %zu hits per method per run, "
-           "%zu runs\n\n", set.nkeys, bytes / set.nkeys / 1024, iters, runs);
-    print_tables(&r, cs, set.nkeys);
-    printf("\n");
-    print_json(stdout, &r, set.nkeys, bytes / set.nkeys / 1024, iters, cs,
-               set.nkeys);
-    FILE *f = json ? fopen(json, "w") : NULL;
-    if (f != NULL) {
-        print_json(f, &r, set.nkeys, bytes / set.nkeys / 1024, iters, cs,
-                   set.nkeys);
-        fclose(f);
-    }
+    report(&r, b, set.nkeys, iters, json);
     kw_cache_close(c);
     return nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS) == 0 && k.acc != 1
                ? 0
