@@ -37,7 +37,7 @@ static const char ping_usage[] =
 static const char warmup_usage[] =
     "usage: kwarm warmup --model CONFIG.json [DEPLOYMENT] [--socket PATH] "
     "[--json]\n"
-    "                    [--quiet]\n"
+    "                    [--quiet] [--pin NAME]\n"
     "\n"
     "Asks a running kwarmd to compile every key of this model and deployment\n"
     "that its cache lacks, showing progress and each failed key's NVRTC log;\n"
@@ -46,7 +46,10 @@ static const char warmup_usage[] =
     "  --json                     one document: keys, hits, remote_hits,\n"
     "                             compiled, failed, cancelled, seconds and\n"
     "                             the manifest (every key's result)\n"
-    "  --quiet                    no progress on stderr\n";
+    "  --quiet                    no progress on stderr\n"
+    "  --pin NAME                 once every key is cached, keep the\n"
+    "                             deployment's entries as the pin set NAME\n"
+    "                             (never evicted until kwarm unpin NAME)\n";
 
 static const char get_usage[] =
     "usage: kwarm get (--digest HEX | --family F --fields k=v,... --arch sm_XX)\n"
@@ -398,7 +401,7 @@ int kw__cli_get_socket(int argc, char **argv)
 
 typedef struct warm_opts {
     kw__cli_model a;
-    const char *socket;
+    const char *socket, *pin;
     bool json, quiet;
 } warm_opts;
 
@@ -551,8 +554,13 @@ static int print_result(const char *json, const warm_opts *o, const char *path,
                     KW_CLI_MAX_FAILS);
     if (cancelled > 0)
         kw__cli_err("warmup", "kwarmd stopped: %zu keys cancelled", cancelled);
+    const cJSON *pinned = cJSON_GetObjectItemCaseSensitive(res, "pinned");
+    if (cJSON_IsFalse(pinned))
+        kw__cli_err("warmup", "--pin %s: not recorded (%s)", o->pin,
+                    failed || cancelled ? "keys are missing" : "see kwarmd's log");
     cJSON_Delete(res);
-    return failed > 0 || cancelled > 0 ? KW_CLI_RUNTIME : KW_CLI_OK;
+    return failed > 0 || cancelled > 0 || cJSON_IsFalse(pinned) ? KW_CLI_RUNTIME
+                                                                 : KW_CLI_OK;
 }
 
 /* Sends the warmup of the loaded model in o; prints its outcome. */
@@ -566,7 +574,10 @@ static int warmup_run(warm_opts *o, const char *config, const char *dep)
     if (rc != KW_CLI_OK)
         return rc;
     kw_client_set_timeout(c, 0); /* progress comes as compiles finish */
-    rc = kw_client_warmup(c, config, dep, o->a.model, on_progress, &v, &result);
+    rc = o->pin ? kw_client_warmup_pin(c, config, dep, o->a.model, o->pin,
+                                       on_progress, &v, &result)
+                : kw_client_warmup(c, config, dep, o->a.model, on_progress, &v,
+                                   &result);
     if (rc < 0)
         rc = request_failed("warmup", c, rc);
     else
@@ -591,6 +602,10 @@ static int warmup_parse(warm_opts *o, int argc, char **argv)
             o->json = true;
         else if (strcmp(argv[i], "--quiet") == 0)
             o->quiet = true;
+        else if (kw__cli_is(argv[i], "--pin")) {
+            if ((o->pin = kw__cli_value("warmup", argc, argv, &i)) == NULL)
+                return KW_CLI_USAGE;
+        }
         else if (is_help(argv[i]))
             return print_usage(warmup_usage, true);
         else
@@ -601,7 +616,7 @@ static int warmup_parse(warm_opts *o, int argc, char **argv)
 
 int kw__cli_warmup(int argc, char **argv)
 {
-    warm_opts o = {.socket = NULL, .json = false, .quiet = false};
+    warm_opts o = {.socket = NULL, .pin = NULL, .json = false, .quiet = false};
     char *config = NULL, *dep = NULL;
     kw__cli_model_init(&o.a);
     int rc = warmup_parse(&o, argc, argv);

@@ -568,28 +568,29 @@ static int assemble(kw_client *c, uint16_t type, kw_msg *m, stream *st)
     return 0;
 }
 
-/* keys and warmup: one request with a model header; the streamed items
- * and the RESULT become one document, as text. */
+/* keys and warmup: one request with a model header (plus "pin" when pin is
+ * not NULL); the streamed items and the RESULT become one document. */
 static int model_request(kw_client *c, uint16_t type, const char *config_json,
                          const char *deployment_json, const char *name,
-                         kw_client_progress_fn cb, void *arg, char **out)
+                         const char *pin, stream *st, char **out)
 {
     if (c == NULL || out == NULL)
         return c ? fail(c, KW_EINVAL, "NULL reply pointer") : KW_EINVAL;
     cJSON *h = NULL;
     kw_msg m = {0};
-    stream st = {type == KW_PROTO_KEYS ? "keys" : "results",
-                 cJSON_CreateArray(), cb, arg};
-    int rc = st.items ? model_header(c, config_json, deployment_json, name, &h)
-                      : fail(c, KW_ENOMEM, "%s", kw_strerror(KW_ENOMEM));
+    st->items = cJSON_CreateArray();
+    int rc = st->items ? model_header(c, config_json, deployment_json, name, &h)
+                       : fail(c, KW_ENOMEM, "%s", kw_strerror(KW_ENOMEM));
+    if (rc == 0 && pin != NULL && cJSON_AddStringToObject(h, "pin", pin) == NULL)
+        rc = fail(c, KW_ENOMEM, "%s", kw_strerror(KW_ENOMEM));
     if (rc == 0)
-        rc = request(c, type, h, KW_PROTO_RESULT, &st, &m);
+        rc = request(c, type, h, KW_PROTO_RESULT, st, &m);
     cJSON_Delete(h);
     if (rc == 0)
-        rc = assemble(c, type, &m, &st);
+        rc = assemble(c, type, &m, st);
     if (rc == 0)
         rc = take_json(c, &m, out);
-    cJSON_Delete(st.items);
+    cJSON_Delete(st->items);
     kw_msg_destroy(&m);
     return rc;
 }
@@ -598,16 +599,30 @@ int kw_client_keys(kw_client *c, const char *config_json,
                    const char *deployment_json, const char *name,
                    char **reply_json)
 {
+    stream st = {"keys", NULL, NULL, NULL};
     return model_request(c, KW_PROTO_KEYS, config_json, deployment_json, name,
-                         NULL, NULL, reply_json);
+                         NULL, &st, reply_json);
 }
 
 int kw_client_warmup(kw_client *c, const char *config_json,
                      const char *deployment_json, const char *name,
                      kw_client_progress_fn cb, void *arg, char **result_json)
 {
+    stream st = {"results", NULL, cb, arg};
     return model_request(c, KW_PROTO_WARMUP, config_json, deployment_json,
-                         name, cb, arg, result_json);
+                         name, NULL, &st, result_json);
+}
+
+int kw_client_warmup_pin(kw_client *c, const char *config_json,
+                         const char *deployment_json, const char *name,
+                         const char *pin, kw_client_progress_fn cb, void *arg,
+                         char **result_json)
+{
+    stream st = {"results", NULL, cb, arg};
+    if (pin == NULL)
+        return c ? fail(c, KW_EINVAL, "warmup: NULL pin name") : KW_EINVAL;
+    return model_request(c, KW_PROTO_WARMUP, config_json, deployment_json,
+                         name, pin, &st, result_json);
 }
 
 /* True when s is 64 hex digits. */

@@ -121,6 +121,17 @@ int kw_client_warmup(kw_client *c, const char *config_json,
                      const char *deployment_json, const char *name,
                      kw_client_progress_fn cb, void *arg, char **result_json);
 
+/* As kw_client_warmup(), then, once every key is cached, records the
+ * deployment's digests in kwarmd's cache as the pin set `pin` (never
+ * evicted for size until `kwarm unpin`); the result gains "pinned": true,
+ * or false when a key failed or the set could not be recorded.  Before
+ * anything is compiled kwarmd checks that the deployment fits beside the
+ * pinned entries, and fails the call with KW_ENOSPC otherwise. */
+int kw_client_warmup_pin(kw_client *c, const char *config_json,
+                         const char *deployment_json, const char *name,
+                         const char *pin, kw_client_progress_fn cb, void *arg,
+                         char **result_json);
+
 /* One kernel fetched from the daemon.  Initialise to {0}; the cubin is
  * owned by the struct: kw_client_kernel_destroy() frees it. */
 typedef struct kw_client_kernel {

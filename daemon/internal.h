@@ -102,6 +102,7 @@ struct kw__req {
     size_t count[KW_WARM_CANCELLED + 1]; /* results by kw_warm_status */
     cJSON *batch;      /* results not yet sent */
     size_t batch_n, batch_bytes;
+    bool pin_failed;   /* "pin" asked, but the set was not recorded */
     /* get: the key, and its compile's outcome */
     kw_keys_key key;
     kw_warm_status status;

@@ -9,7 +9,7 @@
  * warm has no further result at once (`more` false).  The last result
  * sends the counts-only RESULT
  *   {"keys", "hits", "remote_hits", "compiled", "failed", "cancelled",
- *    "seconds"}
+ *    "seconds", "pinned"? (with "pin" in the request)}
  * and ends the request.  kwarm warmup --json and kw_client_warmup() put
  * the streamed results back into one "manifest", in key order ("index":
  * the key's place in the deployment's keys, as `kwarm keys` lists them).
@@ -68,6 +68,8 @@ static void send_result(kw__req *r)
         for (size_t i = 0; i <= KW_WARM_CANCELLED; i++)
             cJSON_AddNumberToObject(h, names[i], (double)r->count[i]);
         cJSON_AddNumberToObject(h, "seconds", now_s() - r->t0);
+        if (cJSON_GetObjectItemCaseSensitive(r->header, "pin") != NULL)
+            cJSON_AddBoolToObject(h, "pinned", !r->pin_failed);
     }
     kw__req_send(r, KW_PROTO_RESULT, h, true);
     cJSON_Delete(h);
@@ -114,6 +116,26 @@ static void log_failure(const kw_warm_result *res)
            kw_strerror(res->rc), n ? ": " : "", (int)(n > 300 ? 300 : n), log);
 }
 
+/* With "pin": NAME and every key cached, records the deployment's pin set
+ * (an LMDB write, here on a warm thread); a failure is sent as an error
+ * frame before the RESULT and counted in "pin_failed". */
+static void pin(kw__req *r)
+{
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(r->header, "pin");
+    char err[512];
+    if (!cJSON_IsString(name))
+        return;
+    if (r->count[KW_WARM_FAILED] + r->count[KW_WARM_CANCELLED] > 0) {
+        r->pin_failed = true; /* a partial deployment is not pinned */
+        return;
+    }
+    if (kw_warm_pin(r->d->cache, name->valuestring, r->set.keys, r->set.nkeys,
+                    err, sizeof err) < 0) {
+        KW_LOG(KW_LOG_WARNING, "warmup: %s", err);
+        r->pin_failed = true;
+    }
+}
+
 /* warm's callback for one key of a warmup. */
 static void on_result(const kw_warm_result *res, void *arg)
 {
@@ -128,8 +150,10 @@ static void on_result(const kw_warm_result *res, void *arg)
     if (r->batch_n >= KW__STREAM_KEYS || r->batch_bytes >= KW__STREAM_BYTES ||
         !res->more || res->last)
         flush_batch(r);
-    if (res->last)
+    if (res->last) {
+        pin(r);
         send_result(r);
+    }
 }
 
 /* kwarmd stopped before the keys reached the pipeline: every key is
@@ -161,10 +185,21 @@ void kw__run_warmup(kw__req *r)
         send_result(r);
         return;
     }
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(r->header, "pin");
+    if (name != NULL && !cJSON_IsString(name)) {
+        kw__req_error(r, KW_EINVAL, "warmup: \"pin\" must be a string", true);
+        return;
+    }
+    /* Nothing is written when the deployment cannot fit beside the pins. */
+    if ((rc = kw_warm_plan_check(r->d->cache, r->set.keys, r->set.nkeys, err,
+                                 sizeof err)) < 0) {
+        kw__req_error(r, rc, err, true);
+        return;
+    }
     /* From here the request belongs to warm's callbacks; no handle is
      * kept (a client that leaves is noticed by the next callback). */
-    rc = kw_warm_submit(r->d->warm, r->set.keys, r->set.nkeys, 0, on_result, r,
-                        NULL);
+    rc = kw_warm_submit(r->d->warm, r->set.keys, r->set.nkeys, KW_WARM_PROTECT,
+                        on_result, r, NULL);
     if (rc == -ECANCELED)
         cancel_all(r);
     else if (rc < 0)

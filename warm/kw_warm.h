@@ -145,7 +145,8 @@ void kw_warm_close(kw_warm *w);
 
 /* Checks, before anything is written, that the keys can fit in the
  * cache beside what is pinned: fails when the bytes of the keys already
- * cached plus the pinned (and protected) bytes of other entries exceed the
+ * cached, plus an estimate for the missing ones (the cache's average entry
+ * each), plus the pinned (and protected) bytes of other entries exceed the
  * limit.  Returns 0, or KW_ENOSPC with a message in err naming the bytes
  * needed and how to raise the limit; KW_ENOMEM; KW_ECACHE. */
 int kw_warm_plan_check(kw_cache *c, const kw_keys_key *keys, size_t n,

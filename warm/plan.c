@@ -11,25 +11,33 @@ int kw_warm_plan_check(kw_cache *c, const kw_keys_key *keys, size_t n,
                        char *err, size_t errlen)
 {
     kw_cache_plan p;
+    kw_cache_stats st;
     uint8_t (*d)[KW_KEYS_DIGEST_LEN] = kw__warm_digests(keys, n);
     int rc = d ? kw_cache_plan_get(c, (const uint8_t (*)[32])d, n, &p)
                : KW_ENOMEM;
     free(d);
+    if (rc == 0)
+        rc = kw_cache_stats_get(c, &st);
     if (rc < 0) {
         snprintf(err, errlen, "cache: %s", kw_strerror(rc));
         return rc;
     }
-    uint64_t need = p.present_bytes + p.held_bytes;
+    /* The missing keys' sizes are unknown until they compile: estimate
+     * each as the cache's average entry. */
+    uint64_t missing = n - p.present;
+    uint64_t avg = st.entries ? st.bytes / st.entries : 0;
+    uint64_t need = p.present_bytes + p.held_bytes + missing * avg;
     if (need <= p.max_size)
         return 0;
-    snprintf(err, errlen, "the deployment does not fit in the cache: its %llu "
-             "cached entries (%llu bytes) and %llu bytes pinned by others need "
-             "more than the limit of %llu bytes, before its %llu missing keys; "
-             "raise the limit (kwarm resize --cache DIR SIZE) or unpin an old "
-             "deployment (kwarm unpin NAME)",
-             (unsigned long long)p.present, (unsigned long long)p.present_bytes,
-             (unsigned long long)p.held_bytes, (unsigned long long)p.max_size,
-             (unsigned long long)(n - p.present));
+    snprintf(err, errlen, "the deployment does not fit in the cache: it needs "
+             "about %llu bytes (%llu cached, %llu keys to compile at about "
+             "%llu each) beside %llu bytes pinned by others, over the limit "
+             "of %llu; nothing was written; raise the limit (kwarm resize "
+             "--cache DIR SIZE) or unpin an old deployment (kwarm unpin NAME)",
+             (unsigned long long)(p.present_bytes + missing * avg),
+             (unsigned long long)p.present_bytes, (unsigned long long)missing,
+             (unsigned long long)avg, (unsigned long long)p.held_bytes,
+             (unsigned long long)p.max_size);
     return KW_ENOSPC;
 }
 
