@@ -141,19 +141,7 @@ static long daemon_connections(kw_client *c)
 
 static pid_t start(const char *bin, const char *sock, const char *cache, kw_client **c)
 {
-    char err[256];
-    pid_t pid = fork();
-    if (pid == 0) {
-        freopen("/dev/null", "w", stderr);
-        execl(bin, bin, "--socket", sock, "--cache", cache, "--jobs", "2", (char *)NULL);
-        _exit(127);
-    }
-    for (int i = 0; i < 1000; i++) { /* bounded: until it accepts */
-        if (kw_client_connect(c, sock, 60000, err, sizeof err) == 0)
-            return pid;
-        nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
-    }
-    return -1;
+    return bench_start_kwarmd(bin, sock, cache, "2", c);
 }
 
 int main(int argc, char **argv)

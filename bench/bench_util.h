@@ -3,8 +3,14 @@
 #ifndef KW_BENCH_UTIL_H
 #define KW_BENCH_UTIL_H
 
+#include <limits.h>
+#include <signal.h>
 #include <stdio.h>
+#include <string.h>
 #include <time.h>
+#include <unistd.h>
+
+#include "kw_client.h"
 
 #include "kw_config.h"
 #include "kw_keys.h"
@@ -44,6 +50,45 @@ static inline int bench_cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
+}
+
+/* The path of program `name` beside this bench's own executable (the
+ * build tree keeps kwarm, kwarmd and the benches together). */
+static inline void bench_sibling(const char *name, char *out, size_t cap)
+{
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    self[n > 0 ? n : 0] = '\0';
+    char *slash = strrchr(self, '/');
+    if (slash != NULL)
+        *slash = '\0';
+    snprintf(out, cap, "%s/%s", n > 0 ? self : ".", name);
+}
+
+/* Starts kwarmd (bin) on sock and cache with --jobs jobs and stderr to
+ * /dev/null, and connects *c once it accepts (bounded wait).  Returns the
+ * pid, or -1. */
+static inline pid_t bench_start_kwarmd(const char *bin, const char *sock,
+                                       const char *cache, const char *jobs,
+                                       kw_client **c)
+{
+    char err[256];
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (freopen("/dev/null", "w", stderr) == NULL)
+            _exit(127);
+        execl(bin, bin, "--socket", sock, "--cache", cache, "--jobs", jobs,
+              (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; pid > 0 && i < 1000; i++) { /* bounded: until it accepts */
+        if (kw_client_connect(c, sock, 60000, err, sizeof err) == 0)
+            return pid;
+        nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
+    }
+    if (pid > 0)
+        kill(pid, SIGKILL);
+    return -1;
 }
 
 #endif /* KW_BENCH_UTIL_H */
