@@ -257,8 +257,52 @@ static int answer_instant(const kw_keys_key *k)
     return send_response(0, 0.0, "kw_test_entry", NULL, fake, sizeof fake);
 }
 
-/* Compiles k and answers.  NVRTC's out-of-memory under our limit is
- * reported as KW__POOL_EMEMLIMIT so the pool names the limit. */
+#ifndef KW_ASAN
+/* Peak address space of this process (VmPeak), in bytes; 0 if unknown. */
+static uint64_t vm_peak(void)
+{
+    FILE *f = fopen("/proc/self/status", "re");
+    char line[128];
+    unsigned long long kb = 0;
+    while (f != NULL && fgets(line, sizeof line, f) != NULL)
+        if (sscanf(line, "VmPeak: %llu kB", &kb) == 1)
+            break;
+    if (f != NULL)
+        fclose(f);
+    return (uint64_t)kb * 1024u;
+}
+#endif
+
+/* Whether a failed NVRTC compile (rc) failed for want of memory.  NVRTC
+ * says so in many ways under RLIMIT_AS (measured at 64 to 145 MiB):
+ * NVRTC_ERROR_OUT_OF_MEMORY (KW_ENOMEM), "catastrophic error: out of
+ * memory" in its log, or ptxas printing "Memory allocation failure" on
+ * stderr while the log only says NVRTC_ERROR_COMPILATION.  So besides the
+ * log, the address space is asked: a peak within an eighth of the limit
+ * means the compile ran into it.  (Not under ASan, whose reservations make
+ * VmPeak meaningless; its own death is caught in on_asan_death().) */
+static bool failed_for_memory(int rc, const char *log)
+{
+    static const char *const says[] = {"out of memory", "bad_alloc",
+                                       "Memory allocation failure",
+                                       "Cannot allocate memory"};
+    if (rc == KW_ENOMEM)
+        return true;
+    if (rc != KW_ENVRTC)
+        return false;
+    for (size_t i = 0; log != NULL && i < sizeof says / sizeof *says; i++)
+        if (strstr(log, says[i]) != NULL)
+            return true;
+#ifdef KW_ASAN
+    return false;
+#else
+    return vm_peak() >= g_mem.limit - g_mem.limit / 8;
+#endif
+}
+
+/* Compiles k and answers.  A compile that failed under the memory limit is
+ * reported as KW__POOL_EMEMLIMIT (with NVRTC's log) so the pool names the
+ * limit. */
 static int answer_compile(const kw_keys_key *k, const hooks *h)
 {
     if ((int)k->family == h->crash_family)
@@ -272,7 +316,7 @@ static int answer_compile(const kw_keys_key *k, const hooks *h)
     const char *entry = rc == 0 ? r.lowered_name : NULL;
     if (rc == 0 && (entry == NULL || strlen(entry) >= KW__POOL_ENTRY_LEN))
         rc = KW_ENOSPC;
-    if (rc == KW_ENOMEM)
+    if (rc < 0 && failed_for_memory(rc, r.log))
         rc = KW__POOL_EMEMLIMIT;
     const char *log = r.log;
     if (rc == KW_ENOSPC && entry != NULL)
