@@ -226,6 +226,10 @@ int kw__cache_max_get(kw_cache *c, MDB_txn *txn, uint64_t *max);
 int kw__cache_in_sets(kw_cache *c, MDB_txn *txn, const uint8_t *digest,
                       bool *held, uint32_t *nsets);
 
+/* The same with a cursor on "pinidx" the caller keeps (a walk). */
+int kw__cache_in_sets_cur(kw_cache *c, MDB_cursor *cur, const uint8_t *digest,
+                          bool *held, uint32_t *nsets);
+
 /* True when a guard of this handle protects digest.  Takes prot_mu. */
 bool kw__cache_protected(kw_cache *c, const uint8_t *digest);
 

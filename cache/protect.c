@@ -108,16 +108,13 @@ void kw_cache_unprotect(kw_cache_guard *g)
 typedef int (*walk_fn)(kw_cache *c, const uint8_t *digest,
                        const kw__cache_meta *m, bool pinned, void *arg);
 
-static int walk_entries(kw_cache *c, MDB_txn *txn, walk_fn fn, void *arg)
+/* Walks cur over "meta" with pin, when not NULL, a cursor on "pinidx". */
+static int walk_cursor(kw_cache *c, MDB_cursor *cur, MDB_cursor *pin,
+                       walk_fn fn, void *arg)
 {
-    MDB_cursor *cur;
-    int rc = kw__cache_mdb(c, "mdb_cursor_open(meta)",
-                           mdb_cursor_open(txn, c->meta, &cur));
-    if (rc < 0)
-        return rc;
     MDB_val k, d;
     MDB_cursor_op op = MDB_FIRST;
-    int mrc;
+    int rc = 0, mrc = MDB_NOTFOUND;
     while (rc == 0 && (mrc = mdb_cursor_get(cur, &k, &d, op)) == 0) {
         op = MDB_NEXT;
         kw__cache_meta m;
@@ -125,13 +122,30 @@ static int walk_entries(kw_cache *c, MDB_txn *txn, walk_fn fn, void *arg)
         if (k.mv_size != KW_CACHE_DIGEST_LEN ||
             !kw__cache_meta_decode(d.mv_data, d.mv_size, &m))
             continue;
-        rc = kw__cache_in_sets(c, txn, k.mv_data, &in_set, NULL);
+        if (pin)
+            rc = kw__cache_in_sets_cur(c, pin, k.mv_data, &in_set, NULL);
         if (rc == 0)
             rc = fn(c, k.mv_data, &m, m.info.pinned || in_set, arg);
     }
-    mdb_cursor_close(cur);
     if (rc == 0 && mrc != MDB_NOTFOUND)
         rc = kw__cache_mdb(c, "mdb_cursor_get(meta)", mrc);
+    return rc;
+}
+
+static int walk_entries(kw_cache *c, MDB_txn *txn, walk_fn fn, void *arg)
+{
+    MDB_cursor *cur = NULL, *pin = NULL;
+    int rc = kw__cache_mdb(c, "mdb_cursor_open(meta)",
+                           mdb_cursor_open(txn, c->meta, &cur));
+    if (rc == 0 && c->has_pins)
+        rc = kw__cache_mdb(c, "mdb_cursor_open(pinidx)",
+                           mdb_cursor_open(txn, c->pinidx, &pin));
+    if (rc == 0)
+        rc = walk_cursor(c, cur, pin, fn, arg);
+    if (pin)
+        mdb_cursor_close(pin);
+    if (cur) /* NULL when its open failed */
+        mdb_cursor_close(cur);
     return rc;
 }
 
