@@ -137,29 +137,35 @@ static size_t parse_jobs(const char *s, unsigned *jobs)
     return n;
 }
 
-int main(int argc, char **argv)
+/* The command line. */
+typedef struct args {
+    const char *model, *world, *jobs;
+    size_t keys;
+    unsigned repeat;
+    bool threads;
+} args;
+
+/* Parses argv into *a.  Returns -1 to go on, else the exit status. */
+static int parse_args(int argc, char **argv, args *a)
 {
-    const char *model = "tests/fixtures/deepseek-v4-flash.json", *world = "8";
-    const char *jobs_s = "1,2";
-    size_t want = 16;
-    unsigned repeat = 1;
-    bool threads = false;
+    *a = (args){"tests/fixtures/deepseek-v4-flash.json", "8", "1,2", 16, 1,
+                false};
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(argv[i], "--threads") == 0) {
-            threads = true;
+            a->threads = true;
             continue;
         }
         if (v && strcmp(argv[i], "--model") == 0)
-            model = v;
+            a->model = v;
         else if (v && strcmp(argv[i], "--dcp-world") == 0)
-            world = v;
+            a->world = v;
         else if (v && strcmp(argv[i], "--jobs") == 0)
-            jobs_s = v;
+            a->jobs = v;
         else if (v && strcmp(argv[i], "--keys") == 0)
-            want = strtoul(v, NULL, 10);
+            a->keys = strtoul(v, NULL, 10);
         else if (v && strcmp(argv[i], "--repeat") == 0)
-            repeat = (unsigned)strtoul(v, NULL, 10);
+            a->repeat = (unsigned)strtoul(v, NULL, 10);
         else {
             fprintf(stderr, "usage: bench_pool [--model CONFIG] [--dcp-world N] "
                     "[--keys N] [--jobs 1,2,4,8,16] [--repeat R] [--threads]\n");
@@ -167,22 +173,31 @@ int main(int argc, char **argv)
         }
         i++;
     }
+    return a->keys == 0 || a->repeat == 0 ? 2 : -1;
+}
+
+int main(int argc, char **argv)
+{
+    args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc >= 0)
+        return rc;
     unsigned jobs[MAX_RUNS];
-    size_t njobs = parse_jobs(jobs_s, jobs);
+    size_t njobs = parse_jobs(a.jobs, jobs);
     kw_keys_set set;
-    if (njobs == 0 || want == 0 || repeat == 0 || bench_derive(model, world, "all", &set) < 0)
+    if (njobs == 0 || bench_derive(a.model, a.world, "all", &set) < 0)
         return 2;
-    size_t n = want < set.nkeys ? want : set.nkeys;
-    printf("%zu distinct keys of %s at DCP world %s, best of %u\n", n, model,
-           world, repeat);
+    size_t n = a.keys < set.nkeys ? a.keys : set.nkeys;
+    printf("%zu distinct keys of %s at DCP world %s, best of %u\n", n,
+           a.model, a.world, a.repeat);
     printf("%-9s %5s %5s %9s %9s %9s %10s %6s\n", "MODE", "JOBS", "KEYS",
            "start ms", "wall s", "speedup", "compile s", "FAILED");
     double base = 0, tbase = 0;
-    int rc = 0;
+    rc = 0;
     for (size_t j = 0; j < njobs && rc == 0; j++)
-        rc = row(set.keys, n, jobs[j], true, repeat, &base);
-    for (size_t j = 0; j < njobs && rc == 0 && threads; j++)
-        rc = row(set.keys, n, jobs[j], false, repeat, &tbase);
+        rc = row(set.keys, n, jobs[j], true, a.repeat, &base);
+    for (size_t j = 0; j < njobs && rc == 0 && a.threads; j++)
+        rc = row(set.keys, n, jobs[j], false, a.repeat, &tbase);
     kw_keys_set_destroy(&set);
     return rc < 0 ? 1 : 0;
 }
