@@ -706,3 +706,24 @@ Test(pool, limit_hit_midway_through_a_compile_names_the_memory_limit)
         kw__pool_stop(p);
     }
 }
+
+Test(pool, helper_that_never_says_hello_fails_start_at_the_timeout)
+{
+    char dir[256], path[512], err[512] = "";
+    static const char script[] = "#!/bin/sh\nexec sleep 100\n";
+    cr_assert_eq(kw_test_mkdtemp(dir, sizeof dir, "pool"), 0);
+    cr_assert_eq(kw_test_write_file(dir, "kwarm-compile", script,
+                                    sizeof script - 1, path, sizeof path), 0);
+    chmod(path, 0755);
+    kw__pool_opts o = {.helper = path, .jobs = 2, .timeout_ms = 200};
+    kw__pool *p = NULL;
+    double t0 = now_s();
+    cr_assert_eq(kw__pool_start(&p, &o, err, sizeof err), KW__POOL_ETIMEOUT);
+    cr_assert_lt(now_s() - t0, 5.0);
+    char want[600];
+    snprintf(want, sizeof want, "compile helper %s did not start within 0.2 s",
+             path);
+    cr_assert_str_eq(err, want);
+    cr_assert(no_children());
+    kw_test_rmtree(dir);
+}

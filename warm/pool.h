@@ -115,7 +115,9 @@
 #define KW__POOL_DEFAULT_TIMEOUT_MS 120000u          /* --compile-timeout */
 #define KW__POOL_DEFAULT_MEM_LIMIT (4ull << 30)      /* 4 GiB */
 #define KW__POOL_MAX_JOBS 1024u
-#define KW__POOL_HELLO_TIMEOUT_MS 30000u  /* a helper that never says hello */
+/* A helper that never says HELLO fails after this or the compile timeout,
+ * whichever is shorter. */
+#define KW__POOL_HELLO_TIMEOUT_MS 30000u
 
 /* Result codes of a compile that the worker could not finish.  They are
  * OS errno values (distinct from kwarm's own codes <= -1000); res->log
@@ -177,7 +179,8 @@ int kw__pool_find_helper(char *path, size_t cap);
  * Returns 0; KW_EINVAL (o NULL, jobs 0 or > KW__POOL_MAX_JOBS); -ENOENT,
  * -EACCES (helper missing or not executable); KW__POOL_ECRASH (a worker
  * died or spoke garbage before its HELLO); KW__POOL_ETIMEOUT (no HELLO
- * within KW__POOL_HELLO_TIMEOUT_MS); KW_ENOMEM; -errno.  Never hangs: every
+ * within KW__POOL_HELLO_TIMEOUT_MS or the compile timeout); KW_ENOMEM;
+ * -errno.  Never hangs: every
  * worker started is killed and reaped on failure. */
 int kw__pool_start(kw__pool **out, const kw__pool_opts *o, char *err,
                    size_t errlen);

@@ -254,7 +254,10 @@ int kw__pool_slot_hello(kw__pool *p, kw__pool_slot *s, char *msg, size_t cap)
 {
     uint8_t hdr[KW__POOL_HDR_LEN], body[KW__POOL_HELLO_LEN];
     uint32_t len;
-    uint64_t deadline = kw__pool_now_ms() + KW__POOL_HELLO_TIMEOUT_MS;
+    unsigned limit = p->timeout_ms < KW__POOL_HELLO_TIMEOUT_MS
+                         ? p->timeout_ms
+                         : KW__POOL_HELLO_TIMEOUT_MS;
+    uint64_t deadline = kw__pool_now_ms() + limit;
     int rc = kw__pool_recv_full(p, s->fd, hdr, sizeof hdr, deadline);
     if (rc == 0 && kw__pool_hdr_parse(hdr, KW__POOL_T_HELLO, &len) < 0)
         rc = KW_EPROTO;
@@ -265,8 +268,8 @@ int kw__pool_slot_hello(kw__pool *p, kw__pool_slot *s, char *msg, size_t cap)
     if (rc == KW__POOL_ECANCELED || rc == KW__POOL_ETIMEOUT) {
         kw__pool_slot_end(p, s, 0, NULL);
         if (rc == KW__POOL_ETIMEOUT)
-            snprintf(msg, cap, "compile helper %s did not start within %u s",
-                     p->helper, KW__POOL_HELLO_TIMEOUT_MS / 1000);
+            snprintf(msg, cap, "compile helper %s did not start within %g s",
+                     p->helper, limit / 1000.0);
         return rc;
     }
     char why[128];
