@@ -49,6 +49,7 @@ __device__ __forceinline__ kw_u64 it_key(float s, int pos)
 struct it_ctl {
     int bin, above, count; /* a radix step's result */
     int nsel, ncand;
+    int wsum[2 * (IT_THREADS / 32)]; /* it_gather's per-warp counts */
 };
 
 /* Warp 0: finds the bin (of NB, counted in hist) holding the k-th largest
@@ -80,53 +81,129 @@ __device__ __forceinline__ void it_find(const unsigned *hist, int k,
     }
 }
 
-/* Calls f(score, position) for every element of a window, with 16-byte
- * loads, four in flight per thread, between a scalar head (up to the
- * first 16-byte boundary) and a scalar tail: a block has enough bytes in
- * flight to stream the row at the memory's rate. */
+/* Calls f(score, position, valid) for every element of a window, with
+ * 16-byte loads, four in flight per thread, between a scalar head (up to
+ * the first 16-byte boundary) and a scalar tail: a block has enough bytes
+ * in flight to stream the row at the memory's rate.  Every thread makes
+ * the same number of calls in the same order (valid false past the end),
+ * so f may use whole-warp ballots, and a thread sees the same elements on
+ * every visit of the same window. */
 template <class F>
 __device__ __forceinline__ void it_visit(const float *__restrict__ row,
                                          int len, F &f)
 {
     int head = (int)((16 - ((unsigned long long)row & 15)) & 15) / 4;
     head = head < len ? head : len;
-    for (int i = threadIdx.x; i < head; i += IT_THREADS)
-        f(__ldg(row + i), i);
+    if (head > 0) { /* fewer than 4 elements: one round */
+        int i = threadIdx.x;
+        f(i < head ? __ldg(row + i) : 0.0f, i, i < head);
+    }
     const float4 *v = (const float4 *)(row + head);
     const int nv = (len - head) / 4;
-    for (int j = threadIdx.x; j < nv; j += 4 * IT_THREADS) {
+    for (int j0 = 0; j0 < nv; j0 += 4 * IT_THREADS) {
         float4 x[4];
 #pragma unroll
-        for (int u = 0; u < 4; u++)
-            if (j + u * IT_THREADS < nv)
-                x[u] = __ldg(v + j + u * IT_THREADS);
+        for (int u = 0; u < 4; u++) {
+            int j = j0 + u * IT_THREADS + threadIdx.x;
+            x[u] = j < nv ? __ldg(v + j) : make_float4(0, 0, 0, 0);
+        }
 #pragma unroll
-        for (int u = 0; u < 4; u++)
-            if (j + u * IT_THREADS < nv) {
-                int p = head + 4 * (j + u * IT_THREADS);
-                f(x[u].x, p);
-                f(x[u].y, p + 1);
-                f(x[u].z, p + 2);
-                f(x[u].w, p + 3);
-            }
+        for (int u = 0; u < 4; u++) {
+            int j = j0 + u * IT_THREADS + threadIdx.x;
+            int p = head + 4 * j;
+            bool ok = j < nv;
+            f(x[u].x, p, ok);
+            f(x[u].y, p + 1, ok);
+            f(x[u].z, p + 2, ok);
+            f(x[u].w, p + 3, ok);
+        }
     }
-    for (int i = head + 4 * nv + threadIdx.x; i < len; i += IT_THREADS)
-        f(__ldg(row + i), i);
+    for (int i0 = head + 4 * nv; i0 < len; i0 += IT_THREADS) {
+        int i = i0 + threadIdx.x;
+        f(i < len ? __ldg(row + i) : 0.0f, i, i < len);
+    }
 }
 
 /* Histogram step of the fast path: the top 11 bits of mono(score). */
 struct it_hist {
     unsigned *hist;
 
-    __device__ __forceinline__ void operator()(float s, int) const
+    __device__ __forceinline__ void operator()(float s, int, bool ok) const
     {
-        atomicAdd(&hist[it_mono(s) >> 21], 1u);
+        if (ok)
+            atomicAdd(&hist[it_mono(s) >> 21], 1u);
     }
 };
 
+/* First gather step: how many keys above the boundary bin (gt) and in
+ * it (eq) this thread sees. */
+struct it_count {
+    int bin, gt, eq;
+
+    __device__ __forceinline__ void operator()(float s, int, bool ok)
+    {
+        int b = (int)(it_mono(s) >> 21);
+        gt += ok && b > bin;
+        eq += ok && b == bin;
+    }
+};
+
+/* Second gather step: each warp writes its keys above the bin to sel and
+ * its keys in it to cand, from its own offsets (a prefix over the warps'
+ * counts) onwards, in visiting order: no shared counter, no atomics (one
+ * counter hit by every warp was the gather's bottleneck). */
+struct it_place {
+    int bin, gt, eq; /* this warp's next slots */
+    kw_u64 *sel, *cand;
+
+    __device__ __forceinline__ void operator()(float s, int i, bool ok)
+    {
+        const unsigned lane = threadIdx.x & 31, below = (1u << lane) - 1;
+        int b = (int)(it_mono(s) >> 21);
+        bool g = ok && b > bin, e = ok && b == bin;
+        unsigned bg = __ballot_sync(0xffffffffu, g);
+        unsigned be = __ballot_sync(0xffffffffu, e);
+        if (g)
+            sel[gt + __popc(bg & below)] = it_key(s, i);
+        if (e)
+            cand[eq + __popc(be & below)] = it_key(s, i);
+        gt += __popc(bg);
+        eq += __popc(be);
+    }
+};
+
+/* Counts, then places, the window's keys above and in the boundary bin
+ * (two reads of the window, each warp writing its own range).  wsum holds
+ * 2 * warps ints of shared memory. */
+__device__ void it_gather(const float *__restrict__ row, int len, int bin,
+                          kw_u64 *sel, kw_u64 *cand, int *wsum)
+{
+    constexpr int W = IT_THREADS / 32;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    it_count c = {bin, 0, 0};
+    it_visit(row, len, c);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        c.gt += __shfl_xor_sync(0xffffffffu, c.gt, off);
+        c.eq += __shfl_xor_sync(0xffffffffu, c.eq, off);
+    }
+    if (lane == 0) {
+        wsum[warp] = c.gt;
+        wsum[W + warp] = c.eq;
+    }
+    __syncthreads();
+    int og = 0, oe = 0;
+    for (int w = 0; w < warp; w++) {
+        og += wsum[w];
+        oe += wsum[W + w];
+    }
+    it_place pl = {bin, og, oe, sel, cand};
+    it_visit(row, len, pl);
+    __syncthreads();
+}
+
 /* Appends key to buf at *count when want, one shared atomic per warp
- * (the lanes calling together) instead of one per key: a single counter
- * hit by every lane was the gather's bottleneck. */
+ * (the lanes calling together) instead of one per key. */
 __device__ __forceinline__ void it_append(bool want, kw_u64 key, kw_u64 *buf,
                                           int *count)
 {
@@ -142,22 +219,6 @@ __device__ __forceinline__ void it_append(bool want, kw_u64 key, kw_u64 *buf,
     if (want)
         buf[base + __popc(bal & ((1u << lane) - 1))] = key;
 }
-
-/* Gather step of the fast path: keys above the boundary bin to sel, keys
- * in it to cand. */
-struct it_gather {
-    int bin;
-    kw_u64 *sel, *cand;
-    it_ctl *ctl;
-
-    __device__ __forceinline__ void operator()(float s, int i) const
-    {
-        int b = (int)(it_mono(s) >> 21);
-        kw_u64 key = it_key(s, i);
-        it_append(b > bin, key, sel, &ctl->nsel);
-        it_append(b == bin, key, cand, &ctl->ncand);
-    }
-};
 
 /* Sorts a[0..n) descending (bitonic over the next power of two, padded
  * with 0, which is below every key: no position is 0xffffffff). */
@@ -363,8 +424,11 @@ __device__ bool it_fast(const float *__restrict__ row, int len, int *out,
     const int bin = ctl->bin, above = ctl->above;
     if (ctl->count > IT_CAP)
         return false;
-    it_gather gt = {bin, sel, cand, ctl};
-    it_visit(row, len, gt);
+    it_gather(row, len, bin, sel, cand, ctl->wsum);
+    if (threadIdx.x == 0) {
+        ctl->nsel = above;
+        ctl->ncand = ctl->count;
+    }
     __syncthreads();
     const int n = all ? len : TOPK;
     if (!all) {

@@ -241,12 +241,14 @@ Test(cli_json, json_document_reports_model_settings_and_deployment)
         "{\"text_config\": \"/text_config\","
         " \"settings\": {\"index_topk\": 2048, \"compress_ratios\": [],"
         " \"index_kpool\": null, \"max_model_len\": 163840,"
-        " \"kv_lora_rank\": 512, \"qk_rope_head_dim\": 64},"
+        " \"kv_lora_rank\": 512, \"qk_rope_head_dim\": 64,"
+        " \"index_n_heads\": 64, \"index_head_dim\": 128},"
         " \"deployment\": {\"dcp_world\": 1, \"dcp_rank\": \"all\","
         " \"dcp_interleave\": 1, \"pcp\": 1,"
         " \"max_num_batched_tokens\": 8192, \"max_num_seqs\": 256,"
         " \"block_size\": 64, \"max_model_len\": 163840,"
-        " \"block_stride_rows\": 64, \"arch\": [\"sm_90\"]},"
+        " \"block_stride_rows\": 64, \"num_speculative_tokens\": 0,"
+        " \"arch\": [\"sm_90\"]},"
         " \"workspace_rows\": 65536, \"workspace_bytes\": 75497472}");
     cr_assert_not_null(want);
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(doc, "model");
@@ -466,4 +468,60 @@ Test(cli_json, digest_covers_the_family)
     }
     cr_expect(checked > 0);
     cJSON_Delete(doc);
+}
+
+/* ---- issue 15: bad indexer inputs exit 2 naming the pointer or flag ---- */
+
+Test(cli_json, bad_indexer_inputs_exit_2_naming_pointer_or_flag,
+     .init = tmp_setup, .fini = tmp_teardown)
+{
+    expect_bad_input("head_dim 100",
+                     ARGS("keys", "--model",
+                          KW_FIXTURES "/bad/head-dim-not-32.json"),
+                     NEEDLES("head-dim-not-32.json",
+                             "/text_config/index_head_dim"));
+    expect_bad_input("heads 512",
+                     ARGS("keys", "--model",
+                          KW_FIXTURES "/bad/heads-out-of-range.json"),
+                     NEEDLES("heads-out-of-range.json", "/index_n_heads"));
+    expect_bad_input("--num-speculative-tokens 8",
+                     ARGS("keys", "--model", V32, "--num-speculative-tokens",
+                          "8"),
+                     NEEDLES("--num-speculative-tokens"));
+    static const char dep[] = "{\"num_speculative_tokens\": 8}";
+    char *path = tmp_file("spec8.json", dep, sizeof dep - 1);
+    expect_bad_input("deploy num_speculative_tokens 8",
+                     ARGS("keys", "--model", V32, "--deploy", path),
+                     NEEDLES("spec8.json", "/num_speculative_tokens"));
+    free(path);
+}
+
+/* --num-speculative-tokens 1 (flag or deploy file): decode next_n 2. */
+Test(cli_json, speculative_tokens_reach_the_decode_key,
+     .init = tmp_setup, .fini = tmp_teardown)
+{
+    static const char dep[] = "{\"num_speculative_tokens\": 1}";
+    char *path = tmp_file("spec1.json", dep, sizeof dep - 1);
+    cJSON *docs[2] = {
+        keys_json(ARGS("keys", "--model", V32, "--num-speculative-tokens", "1",
+                       "--json")),
+        keys_json(ARGS("keys", "--model", V32, "--deploy", path, "--json"))};
+    free(path);
+    for (int d = 0; d < 2; d++) {
+        size_t decode = 0;
+        const cJSON *k;
+        cJSON_ArrayForEach(k, cJSON_GetObjectItemCaseSensitive(docs[d], "keys"))
+        {
+            const cJSON *f = cJSON_GetObjectItemCaseSensitive(k, "fields");
+            if (strcmp(cJSON_GetObjectItemCaseSensitive(k, "family")
+                           ->valuestring, "indexer_logits") != 0 ||
+                !cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(f, "paged")))
+                continue;
+            cr_expect_eq(cJSON_GetObjectItemCaseSensitive(f, "next_n")
+                             ->valuedouble, 2);
+            decode++;
+        }
+        cr_expect_eq(decode, 1);
+        cJSON_Delete(docs[d]);
+    }
 }
