@@ -25,6 +25,7 @@ const char kw__cli_deploy_help[] =
     "  --block-size N             KV block size (64, raised for compression)\n"
     "  --max-model-len N          (max_position_embeddings)\n"
     "  --block-stride-rows N      (block size)\n"
+    "  --num-speculative-tokens N decode queries per request - 1, 0..7 (0)\n"
     "  --arch LIST                comma-separated, e.g. sm_90,sm_100 (sm_90)\n";
 
 void kw__cli_err(const char *cmd, const char *fmt, ...)
