@@ -727,3 +727,25 @@ Test(pool, helper_that_never_says_hello_fails_start_at_the_timeout)
     cr_assert(no_children());
     kw_test_rmtree(dir);
 }
+
+/* A worker started by a thread that then exits must live on: warm/ replaces
+ * workers from its compile threads (PR_SET_PDEATHSIG would kill it). */
+Test(pool, worker_replaced_by_a_thread_outlives_that_thread)
+{
+    setenv("KWARM_TEST_INSTANT_COMPILE", "1", 1);
+    setenv("KWARM_TEST_CRASH_FAMILY", "index_conversion", 1);
+    kw__pool *p = start_pool(1, 0, 0);
+    caller c = {.p = p, .k = fake_key(KW_K_INDEX_CONVERSION, 1)};
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, compile_one, &c), 0);
+    pthread_join(t, NULL);
+    cr_assert_eq(c.rc, KW__POOL_ECRASH);
+    kw__pool_result r;
+    kw_keys_key good = fake_key(KW_K_DCP_STABLE_TOPK, 2);
+    cr_assert_eq(kw__pool_compile(p, &good, &r), 0, "%s", r.log);
+    kw__pool_result_destroy(&r);
+    kw__pool_counts n;
+    kw__pool_get_counts(p, &n);
+    cr_assert_eq(n.replaced, 1, "the replacement died with its thread");
+    kw__pool_stop(p);
+}

@@ -1,6 +1,6 @@
 /* kwarm_compile.c: the compile worker process of warm/'s pool (pool.h).
  *
- * usage: kwarm-compile --mem-limit BYTES [--parent PID]
+ * usage: kwarm-compile [--mem-limit BYTES]
  *
  * Reads REQUEST frames on stdin, compiles each key with kw_keys_compile()
  * and answers with one RESPONSE frame on stdout (the protocol is in
@@ -23,7 +23,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
@@ -352,39 +351,31 @@ static int serve(const hooks *h)
     }
 }
 
-/* Parses argv into *limit and *parent.  Returns 0 or -1. */
-static int parse_args(int argc, char **argv, uint64_t *limit, pid_t *parent)
+/* Parses argv into *limit.  Returns 0 or -1. */
+static int parse_args(int argc, char **argv, uint64_t *limit)
 {
     *limit = KW__POOL_DEFAULT_MEM_LIMIT;
-    *parent = 0;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        uint64_t v;
-        if (kw_parse_u64(argv[i + 1], UINT64_MAX, &v) < 0 || v == 0)
-            return -1;
-        if (strcmp(argv[i], "--mem-limit") == 0)
-            *limit = v;
-        else if (strcmp(argv[i], "--parent") == 0 && v <= INT32_MAX)
-            *parent = (pid_t)v;
-        else
-            return -1;
-    }
-    return argc % 2 == 1 ? 0 : -1;
+    if (argc == 1)
+        return 0;
+    if (argc != 3 || strcmp(argv[1], "--mem-limit") != 0)
+        return -1;
+    return kw_parse_u64(argv[2], UINT64_MAX, limit) < 0 || *limit == 0 ? -1
+                                                                       : 0;
 }
 
 int main(int argc, char **argv)
 {
     uint64_t limit;
-    pid_t parent;
     hooks h;
-    if (parse_args(argc, argv, &limit, &parent) < 0) {
+    if (parse_args(argc, argv, &limit) < 0) {
         fprintf(stderr, "usage: kwarm-compile [--mem-limit BYTES] "
-                        "[--parent PID] (run by kwarmd, not by hand)\n");
+                        "(run by kwarmd, not by hand)\n");
         return 127;
     }
-    /* Die with the daemon; the check closes the race with its early death. */
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (parent > 0 && getppid() != parent)
-        return 0;
+    /* No PR_SET_PDEATHSIG: it fires when the *thread* that spawned us
+     * exits, and warm/ replaces workers from its compile threads.  When
+     * kwarmd dies, our stdin reaches EOF (idle) or our answer meets EPIPE
+     * (busy), and we exit either way. */
     hooks_load(&h);
     preload_builtins();
     if (set_mem_limit(limit) < 0)

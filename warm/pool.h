@@ -22,7 +22,9 @@
  * fd above 2, so a worker holds only its socket (as 0 and 1) and the
  * parent's stderr (its diagnostics go to kwarmd's log), not kwarmd's
  * listening sockets.  Workers run in their own process group, so a ^C in a
- * terminal reaches only the parent, and die with it (PR_SET_PDEATHSIG).
+ * terminal reaches only the parent.  When the parent dies a worker exits
+ * at EOF (idle) or on EPIPE when it answers (busy); PR_SET_PDEATHSIG is
+ * not used, since it fires when the spawning *thread* exits.
  *
  * Memory limit: the helper loads NVRTC and its builtins library, then sets
  * RLIMIT_AS to mem_limit (checked: every family compiles under 4 GiB; the
@@ -68,8 +70,8 @@
  * The helper answers each REQUEST with one RESPONSE, in order, and exits 0
  * when its stdin reaches EOF.  It writes nothing else on stdout.
  *
- * Helper: `kwarm-compile [--mem-limit BYTES] [--parent PID]`; exit codes
- * 0 (stdin closed, or the parent PID is gone), 2 (malformed request frame),
+ * Helper: `kwarm-compile [--mem-limit BYTES]`; exit codes 0 (stdin
+ * closed), 2 (malformed request frame),
  * KW__POOL_EXIT_NOMEM (died under the memory limit, see above), 127 (bad
  * arguments, or setrlimit failed).
  *
@@ -168,9 +170,8 @@ typedef struct kw__pool_result {
  * found, or KW_ENOSPC when the path does not fit.  Thread-safe. */
 int kw__pool_find_helper(char *path, size_t cap);
 
-/* Starts o->jobs workers now (posix_spawn of `helper --mem-limit BYTES
- * --parent PID`, a socketpair as its stdin and stdout) and waits for each
- * one's HELLO.
+/* Starts o->jobs workers now (posix_spawn of `helper --mem-limit BYTES`,
+ * a socketpair as its stdin and stdout) and waits for each one's HELLO.
  * out: receives the pool, untouched on error.  o: options (copied; the
  *     helper string need not outlive the call).
  * err, errlen: on failure, a one-line reason such as "compile helper

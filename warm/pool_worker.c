@@ -220,10 +220,9 @@ static int spawn(kw__pool *p, kw__pool_slot *s, char *msg, size_t cap)
         snprintf(msg, cap, "compile helper: socketpair: %s", strerror(-rc));
         return rc;
     }
-    char limit[24], parent[24];
+    char limit[24];
     snprintf(limit, sizeof limit, "%llu", (unsigned long long)p->mem_limit);
-    snprintf(parent, sizeof parent, "%ld", (long)getpid());
-    char *argv[] = {p->helper, "--mem-limit", limit, "--parent", parent, NULL};
+    char *argv[] = {p->helper, "--mem-limit", limit, NULL};
     posix_spawn_file_actions_t fa;
     posix_spawnattr_t at;
     sv[1] = spawn_setup(&fa, &at, sv[1]);
