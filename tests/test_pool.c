@@ -7,6 +7,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -748,4 +750,42 @@ Test(pool, worker_replaced_by_a_thread_outlives_that_thread)
     kw__pool_get_counts(p, &n);
     cr_assert_eq(n.replaced, 1, "the replacement died with its thread");
     kw__pool_stop(p);
+}
+
+/* True once pid is a zombie (dead, not yet reaped). */
+static bool is_zombie(pid_t pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return false;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    char *rp = strrchr(buf, ')');
+    return rp != NULL && rp[1] == ' ' && rp[2] == 'Z';
+}
+
+Test(pool, idle_worker_killed_from_outside_is_replaced_without_failing_a_key)
+{
+    setenv("KWARM_TEST_INSTANT_COMPILE", "1", 1);
+    kw__pool *p = start_pool(1, 0, 0);
+    pid_t pid;
+    cr_assert_eq(worker_pids(&pid, 1), 1);
+    cr_assert_eq(kill(pid, SIGKILL), 0); /* as the kernel's OOM killer */
+    double t0 = now_s();
+    while (!is_zombie(pid) && now_s() - t0 < 10)
+        sched_yield();
+    cr_assert(is_zombie(pid));
+    kw__pool_result r;
+    kw_keys_key k = fake_key(KW_K_DCP_STABLE_TOPK, 3);
+    cr_assert_eq(kw__pool_compile(p, &k, &r), 0, "%s", r.log);
+    kw__pool_result_destroy(&r);
+    kw__pool_counts c;
+    kw__pool_get_counts(p, &c);
+    cr_assert_eq(c.replaced, 1);
+    cr_assert_eq(c.live, 1);
+    kw__pool_stop(p);
+    cr_assert(no_children());
 }
