@@ -23,16 +23,9 @@
 #include "kw_keys.h"
 #include "kw_test_util.h"
 #include "pool.h"
-#include "pool_frame.h"
+#include "pool_util.h"
 
 /* ---- helpers ------------------------------------------------------------ */
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 static kw__pool *start_pool(unsigned jobs, unsigned timeout_ms,
                             uint64_t mem_limit)
@@ -81,18 +74,6 @@ static void one_key_per_family(kw_keys_key out[KW_K_NFAMILIES])
                   kw_keys_family_name((kw_k_family)f));
 }
 
-/* A synthetic key for the instant mode: family f, digest from n. */
-static kw_keys_key fake_key(kw_k_family f, uint32_t n)
-{
-    kw_keys_key k;
-    memset(&k, 0, sizeof k);
-    k.family = f;
-    memcpy(k.arch, "sm_90", 6);
-    for (size_t i = 0; i < KW_KEYS_DIGEST_LEN; i++)
-        k.digest[i] = (uint8_t)(n >> (8 * (i % 4))) ^ (uint8_t)i;
-    return k;
-}
-
 static int count_fds(void)
 {
     DIR *d = opendir("/proc/self/fd");
@@ -125,6 +106,61 @@ static void wait_for_counts(kw__pool *p, unsigned busy, unsigned waiting)
     } while (now_s() - t0 < 30);
     cr_assert_fail("pool never reached busy %u waiting %u (at %u, %u)", busy,
                    waiting, c.busy, c.waiting);
+}
+
+/* The pids of this process's kwarm-compile children, from /proc. */
+static size_t worker_pids(pid_t *out, size_t cap)
+{
+    DIR *d = opendir("/proc");
+    size_t n = 0;
+    cr_assert_not_null(d);
+    for (struct dirent *e; (e = readdir(d)) != NULL && n < cap;) {
+        char path[300], buf[512];
+        snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (f == NULL)
+            continue;
+        size_t len = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[len] = '\0';
+        char *rp = strrchr(buf, ')'); /* comm may hold spaces */
+        int ppid = 0;
+        if (strstr(buf, "(kwarm-compile)") && rp &&
+            sscanf(rp + 2, "%*c %d", &ppid) == 1 && ppid == getpid())
+            out[n++] = (pid_t)atoi(e->d_name);
+    }
+    closedir(d);
+    return n;
+}
+
+/* VmSize of process pid, in bytes. */
+static uint64_t vm_size(pid_t pid)
+{
+    char path[64], line[128];
+    unsigned long long kb = 0;
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f);
+    while (fgets(line, sizeof line, f) != NULL)
+        if (sscanf(line, "VmSize: %llu kB", &kb) == 1)
+            break;
+    fclose(f);
+    return (uint64_t)kb * 1024u;
+}
+
+/* True once pid is a zombie (dead, not yet reaped). */
+static bool is_zombie(pid_t pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return false;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    char *rp = strrchr(buf, ')');
+    return rp != NULL && rp[1] == ' ' && rp[2] == 'Z';
 }
 
 /* ---- real compiles ----------------------------------------------------- */
@@ -429,198 +465,6 @@ Test(pool, find_helper_prefers_the_environment)
     cr_assert_eq(access(path, X_OK), 0);
 }
 
-/* ---- the pipe protocol: one negative test per rule ------------------------ */
-
-static uint32_t hdr_len_of(uint16_t type, uint32_t len, int *rc)
-{
-    uint8_t b[KW__POOL_HDR_LEN];
-    uint32_t got = 0;
-    kw__pool_hdr_put(b, type, len);
-    *rc = kw__pool_hdr_parse(b, type, &got);
-    return got;
-}
-
-Test(pool_frame, header_round_trips_and_checks_magic_version_type)
-{
-    uint8_t b[KW__POOL_HDR_LEN];
-    uint32_t len;
-    int rc;
-    cr_assert_eq(hdr_len_of(KW__POOL_T_REQUEST, KW__POOL_REQ_LEN, &rc),
-                 KW__POOL_REQ_LEN);
-    cr_assert_eq(rc, 0);
-    kw__pool_hdr_put(b, KW__POOL_T_REQUEST, KW__POOL_REQ_LEN);
-    b[0] ^= 1;
-    cr_assert_eq(kw__pool_hdr_parse(b, KW__POOL_T_REQUEST, &len), KW_EPROTO);
-    kw__pool_hdr_put(b, KW__POOL_T_REQUEST, KW__POOL_REQ_LEN);
-    b[4] = KW__POOL_VERSION + 1;
-    cr_assert_eq(kw__pool_hdr_parse(b, KW__POOL_T_REQUEST, &len), KW_EPROTO);
-    kw__pool_hdr_put(b, KW__POOL_T_REQUEST, KW__POOL_REQ_LEN);
-    cr_assert_eq(kw__pool_hdr_parse(b, KW__POOL_T_RESPONSE, &len), KW_EPROTO);
-}
-
-Test(pool_frame, header_lengths_are_exact_or_capped)
-{
-    int rc;
-    hdr_len_of(KW__POOL_T_HELLO, KW__POOL_HELLO_LEN + 1, &rc);
-    cr_assert_eq(rc, KW_EPROTO);
-    hdr_len_of(KW__POOL_T_REQUEST, KW__POOL_REQ_LEN - 1, &rc);
-    cr_assert_eq(rc, KW_EPROTO);
-    hdr_len_of(KW__POOL_T_RESPONSE, KW__POOL_RESP_FIXED - 1, &rc);
-    cr_assert_eq(rc, KW_EPROTO);
-    hdr_len_of(KW__POOL_T_RESPONSE, KW__POOL_MAX_RESP + 1, &rc);
-    cr_assert_eq(rc, KW_E2BIG);
-    cr_assert_eq(hdr_len_of(KW__POOL_T_RESPONSE, KW__POOL_MAX_RESP, &rc),
-                 KW__POOL_MAX_RESP);
-    cr_assert_eq(rc, 0);
-}
-
-Test(pool_frame, request_round_trips_a_key)
-{
-    kw_keys_key k = fake_key(KW_K_DCP_STABLE_TOPK, 7), back;
-    k.fields[0] = -5;
-    k.fields[1] = INT64_MAX;
-    uint8_t b[KW__POOL_REQ_LEN];
-    kw__pool_req_put(b, &k);
-    cr_assert_eq(kw__pool_req_parse(b, &back), 0);
-    cr_assert_eq(memcmp(&k, &back, sizeof k), 0);
-}
-
-Test(pool_frame, request_rejects_unknown_family_wrong_nfields_unterminated_arch)
-{
-    kw_keys_key k = fake_key(KW_K_DCP_STABLE_TOPK, 7), back;
-    uint8_t b[KW__POOL_REQ_LEN];
-    kw__pool_req_put(b, &k);
-    b[0] = KW_K_NFAMILIES;
-    cr_assert_eq(kw__pool_req_parse(b, &back), KW_EPROTO);
-    kw__pool_req_put(b, &k);
-    b[4] += 1;
-    cr_assert_eq(kw__pool_req_parse(b, &back), KW_EPROTO);
-    kw__pool_req_put(b, &k);
-    memset(b + 8 + 8 * KW_KEYS_MAX_FIELDS, 'x', KW_CONFIG_ARCH_LEN);
-    cr_assert_eq(kw__pool_req_parse(b, &back), KW_EPROTO);
-}
-
-static int resp_parse(kw__pool_resp_head h, uint32_t body_len)
-{
-    uint8_t b[KW__POOL_RESP_FIXED];
-    kw__pool_resp_head back;
-    kw__pool_resp_put(b, &h);
-    return kw__pool_resp_parse(b, body_len, &back);
-}
-
-Test(pool_frame, response_round_trips)
-{
-    kw__pool_resp_head h = {.rc = KW_ENVRTC, .seconds = 1.25, .entry_len = 0,
-                            .log_len = 100}, back;
-    uint8_t b[KW__POOL_RESP_FIXED];
-    kw__pool_resp_put(b, &h);
-    cr_assert_eq(kw__pool_resp_parse(b, KW__POOL_RESP_FIXED + 100, &back), 0);
-    cr_assert_eq(back.rc, KW_ENVRTC);
-    cr_assert_eq(back.seconds, 1.25);
-    cr_assert_eq(back.log_len, 100);
-}
-
-Test(pool_frame, response_rejects_fields_over_their_caps)
-{
-    uint32_t fixed = KW__POOL_RESP_FIXED;
-    kw__pool_resp_head e = {.rc = 0, .entry_len = KW__POOL_ENTRY_LEN,
-                            .cubin_len = 1};
-    cr_assert_eq(resp_parse(e, fixed + KW__POOL_ENTRY_LEN + 1), KW_E2BIG);
-    kw__pool_resp_head l = {.rc = KW_ENVRTC, .log_len = KW__POOL_MAX_LOG + 1};
-    cr_assert_eq(resp_parse(l, fixed + KW__POOL_MAX_LOG + 1), KW_E2BIG);
-    kw__pool_resp_head c = {.rc = 0, .cubin_len = KW__POOL_MAX_CUBIN + 1};
-    cr_assert_eq(resp_parse(c, fixed + KW__POOL_MAX_CUBIN + 1), KW_E2BIG);
-}
-
-Test(pool_frame, response_rejects_lengths_that_do_not_add_up)
-{
-    uint32_t fixed = KW__POOL_RESP_FIXED;
-    kw__pool_resp_head h = {.rc = 0, .entry_len = 3, .cubin_len = 10};
-    cr_assert_eq(resp_parse(h, fixed + 12), KW_EPROTO);
-    cr_assert_eq(resp_parse(h, fixed + 14), KW_EPROTO);
-    cr_assert_eq(resp_parse(h, fixed + 13), 0);
-}
-
-Test(pool_frame, response_rejects_a_cubin_on_failure_and_none_on_success)
-{
-    uint32_t fixed = KW__POOL_RESP_FIXED;
-    kw__pool_resp_head f = {.rc = KW_ENVRTC, .cubin_len = 10};
-    cr_assert_eq(resp_parse(f, fixed + 10), KW_EPROTO);
-    kw__pool_resp_head s = {.rc = 0};
-    cr_assert_eq(resp_parse(s, fixed), KW_EPROTO);
-}
-
-/* Runs the helper with `input` on its stdin; returns its wait status. */
-static int run_helper_with_input(const void *input, size_t len)
-{
-    int in[2], out[2];
-    cr_assert_eq(pipe(in), 0);
-    cr_assert_eq(pipe(out), 0);
-    pid_t pid = fork();
-    cr_assert_geq(pid, 0);
-    if (pid == 0) {
-        dup2(in[0], 0);
-        dup2(out[1], 1);
-        close(in[1]);
-        close(out[0]);
-        execl(KW_COMPILE_HELPER_BIN, KW_COMPILE_HELPER_BIN, (char *)NULL);
-        _exit(126);
-    }
-    close(in[0]);
-    close(out[1]);
-    cr_assert_eq(write(in[1], input, len), (ssize_t)len);
-    close(in[1]);
-    uint8_t buf[256];
-    size_t got = 0;
-    for (ssize_t n; (n = read(out[0], buf + got, sizeof buf - got)) > 0;)
-        got += (size_t)n;
-    close(out[0]);
-    int st;
-    cr_assert_eq(waitpid(pid, &st, 0), pid);
-    uint32_t hl;
-    cr_assert_eq(got, KW__POOL_HDR_LEN + KW__POOL_HELLO_LEN, "only HELLO");
-    cr_assert_eq(kw__pool_hdr_parse(buf, KW__POOL_T_HELLO, &hl), 0);
-    return st;
-}
-
-Test(pool_frame, helper_exits_0_at_eof_and_2_on_a_malformed_request)
-{
-    int st = run_helper_with_input("", 0);
-    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %#x", st);
-    uint8_t bad[KW__POOL_HDR_LEN + KW__POOL_REQ_LEN];
-    kw_keys_key k = fake_key(KW_K_INDEX_CONVERSION, 1);
-    kw__pool_hdr_put(bad, KW__POOL_T_REQUEST, KW__POOL_REQ_LEN);
-    kw__pool_req_put(bad + KW__POOL_HDR_LEN, &k);
-    bad[KW__POOL_HDR_LEN] = 0xff; /* family 255 */
-    st = run_helper_with_input(bad, sizeof bad);
-    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2, "status %#x", st);
-}
-
-/* The pids of this process's kwarm-compile children, from /proc. */
-static size_t worker_pids(pid_t *out, size_t cap)
-{
-    DIR *d = opendir("/proc");
-    size_t n = 0;
-    cr_assert_not_null(d);
-    for (struct dirent *e; (e = readdir(d)) != NULL && n < cap;) {
-        char path[300], buf[512];
-        snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
-        FILE *f = fopen(path, "r");
-        if (f == NULL)
-            continue;
-        size_t len = fread(buf, 1, sizeof buf - 1, f);
-        fclose(f);
-        buf[len] = '\0';
-        char *rp = strrchr(buf, ')'); /* comm may hold spaces */
-        int ppid = 0;
-        if (strstr(buf, "(kwarm-compile)") && rp &&
-            sscanf(rp + 2, "%*c %d", &ppid) == 1 && ppid == getpid())
-            out[n++] = (pid_t)atoi(e->d_name);
-    }
-    closedir(d);
-    return n;
-}
-
 Test(pool, workers_hold_only_stdin_stdout_stderr)
 {
     /* Like systemd's LISTEN_FDS in kwarmd: an fd without O_CLOEXEC. */
@@ -660,21 +504,6 @@ Test(pool, malformed_key_is_refused_without_costing_a_worker)
     cr_assert_eq(c.replaced, 0);
     cr_assert_eq(c.live, 1);
     kw__pool_stop(p);
-}
-
-/* VmSize of process pid, in bytes. */
-static uint64_t vm_size(pid_t pid)
-{
-    char path[64], line[128];
-    unsigned long long kb = 0;
-    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "r");
-    cr_assert_not_null(f);
-    while (fgets(line, sizeof line, f) != NULL)
-        if (sscanf(line, "VmSize: %llu kB", &kb) == 1)
-            break;
-    fclose(f);
-    return (uint64_t)kb * 1024u;
 }
 
 /* A limit just above what an idle worker maps lets NVRTC start and fail
@@ -750,21 +579,6 @@ Test(pool, worker_replaced_by_a_thread_outlives_that_thread)
     kw__pool_get_counts(p, &n);
     cr_assert_eq(n.replaced, 1, "the replacement died with its thread");
     kw__pool_stop(p);
-}
-
-/* True once pid is a zombie (dead, not yet reaped). */
-static bool is_zombie(pid_t pid)
-{
-    char path[64], buf[512];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (f == NULL)
-        return false;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    char *rp = strrchr(buf, ')');
-    return rp != NULL && rp[1] == ' ' && rp[2] == 'Z';
 }
 
 Test(pool, idle_worker_killed_from_outside_is_replaced_without_failing_a_key)
