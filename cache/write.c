@@ -8,6 +8,7 @@
  */
 #include "kw_cache.h"
 
+#include <stdio.h>
 #include <string.h>
 #include <xxhash.h>
 #if defined(__x86_64__) || defined(__i386__)
@@ -51,6 +52,7 @@ static int write_once(kw_cache *c, kw__cache_txn_fn fn, void *arg)
 /* Arguments of one eviction round. */
 typedef struct evict_req {
     uint64_t count, bytes, evicted;
+    char why[KW__CACHE_ERRLEN]; /* the failure that called for it */
 } evict_req;
 
 static int evict_fn(kw_cache *c, MDB_txn *txn, void *arg)
@@ -58,7 +60,8 @@ static int evict_fn(kw_cache *c, MDB_txn *txn, void *arg)
     evict_req *r = arg;
     int rc = kw__cache_evict_txn(c, txn, r->count, r->bytes, &r->evicted);
     if (rc == 0 && r->evicted == 0) {
-        kw__cache_set_error(c, "MDB_MAP_FULL and no unpinned entry to evict");
+        kw__cache_set_error(c, "%s, and no entry may be evicted (the "
+                               "others are pinned or protected)", r->why);
         return KW_ENOSPC;
     }
     return rc;
@@ -82,7 +85,8 @@ int kw__cache_write(kw_cache *c, kw__cache_txn_fn fn, void *arg,
         (void)mdb_reader_check(c->env, NULL);
         /* Pages freed by a commit become reusable two commits later, so a
          * retry may fail once more; the next, larger round then succeeds. */
-        evict_req r = {(uint64_t)MAPFULL_BATCH << round, need, 0};
+        evict_req r = {(uint64_t)MAPFULL_BATCH << round, need, 0, ""};
+        snprintf(r.why, sizeof r.why, "%s", kw_cache_last_error(c));
         rc = write_once(c, evict_fn, &r);
         if (rc == KW__CACHE_EMAPFULL) /* even deleting found no page */
             return KW_ECACHE;

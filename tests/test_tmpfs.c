@@ -1,7 +1,8 @@
 /* test_tmpfs.c: the cache on a small tmpfs that fills (issue 7): with a
- * size limit under the filesystem's, eviction keeps every prewarm working;
- * with one above it, the failures are clear and nothing is corrupted.
- * Needs root (mount); skips cleanly otherwise. */
+ * size limit under the filesystem's, eviction of older deployments keeps
+ * every prewarm that fits the limit working; with a limit above the
+ * filesystem, the failures are clear and nothing is corrupted.  Needs
+ * root (mount); skips cleanly otherwise. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <stdio.h>
@@ -15,6 +16,7 @@
 #include "kw_test_util.h"
 
 #define V4 KW_FIXTURES "/deepseek-v4-flash.json"
+#define V32 KW_FIXTURES "/deepseek-v3.2-exp.json"
 
 static char mnt[64], cache[128];
 
@@ -39,12 +41,15 @@ static void mount_small(unsigned kb)
         cr_skip_test("cannot mount a tmpfs here (%s)", strerror(errno));
 }
 
-/* Runs kwarm prewarm of V4-Flash at W = 8 into the cache; exit status. */
-static int prewarm(const char *max_size, char **err)
+/* Runs kwarm prewarm of model at DCP world W (all ranks, or rank) into
+ * the cache; returns the exit status. */
+static int prewarm(const char *model, const char *world, const char *rank,
+                   const char *max_size, char **err)
 {
-    const char *argv[] = {KW_KWARM_BIN, "prewarm", "--model", V4, "--dcp-world", "8",
-                          "--cache", cache, "--max-size", max_size, "--jobs", "2",
-                          "--json", NULL};
+    const char *argv[] = {KW_KWARM_BIN, "prewarm", "--model", model,
+                          "--dcp-world", world, "--dcp-rank", rank,
+                          "--cache", cache, "--max-size", max_size, "--jobs",
+                          "2", "--json", NULL};
     char *out = NULL;
     int st = kw_test_run(argv, &out, err);
     free(out);
@@ -69,12 +74,19 @@ Test(tmpfs, limit_under_the_filesystem_evicts_and_every_put_succeeds,
      .init = setup, .fini = teardown, .timeout = 600)
 {
     mount_small(3 * 1024);
-    char *err = NULL;
-    int st = prewarm("1M", &err);
-    cr_expect_eq(st, 0, "prewarm failed on a 3 MiB tmpfs with a 1M limit: %s", err);
-    free(err);
+    /* V3.2 at W = 4: 30 keys of ~25 KB per rank, 22 of them differ
+     * between ranks 0 and 1: each rank fits 1M, both do not.  (A
+     * deployment larger than the limit is refused: issue 12 point 1.) */
+    const char *rank[2] = {"0", "1"};
+    for (int i = 0; i < 2; i++) {
+        char *err = NULL;
+        int st = prewarm(V32, "4", rank[i], "1M", &err);
+        cr_expect_eq(st, 0, "prewarm of rank %s failed on a 3 MiB tmpfs "
+                            "with a 1M limit: %s", rank[i], err);
+        free(err);
+    }
     kw_cache_stats s = verify_all();
-    cr_expect_gt(s.evictions, 0, "216 keys of ~15 KB cannot fit 1M without evicting");
+    cr_expect_gt(s.evictions, 0, "rank 1 made room by evicting rank 0's");
     cr_expect_leq(s.bytes, 1u << 20);
     cr_expect_eq(s.compile_failures, 0);
 }
@@ -84,7 +96,7 @@ Test(tmpfs, full_filesystem_fails_clearly_without_corruption, .init = setup,
 {
     mount_small(1500);
     char *err = NULL;
-    int st = prewarm("64M", &err);
+    int st = prewarm(V4, "8", "all", "64M", &err);
     cr_expect_eq(st, 1, "a prewarm that cannot store exits 1");
     cr_expect(strstr(err, "disk full") != NULL || strstr(err, "No space") != NULL,
               "stderr does not say the disk is full: %s", err);
