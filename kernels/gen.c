@@ -309,8 +309,11 @@ int kw__k_gen_ic(kw_k_case *c, const kw_k_shape *s, kw__k_rng *g)
                       &out)) < 0)
         return rc;
     /* Rows of up to 512 entries go one per warp (IC_WARP_TOPK in
-     * index_conversion.cu); longer ones one per block. */
-    const uint64_t per_block = topk <= 512 ? (uint64_t)f[4] : 1;
+     * index_conversion.cu), and each warp walks 4 of them: a block
+     * retires only with its slowest warp, and fewer, longer-lived blocks
+     * took the compacting V4-Flash variant from 0.64 to 0.68 of copy on
+     * the H200.  Longer rows go one per block. */
+    const uint64_t per_block = topk <= 512 ? 4 * (uint64_t)f[4] : 1;
     kw__k_case_geometry1(c, ((uint64_t)nrows + per_block - 1) / per_block,
                          (unsigned)f[4] * 32);
     c->bytes = (size_t)nrows * ((size_t)topk * 8 + 4 + (has_ws ? 4 : 0) +

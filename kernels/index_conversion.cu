@@ -6,9 +6,9 @@
  *
  * Launch: NUM_WARPS*32 threads; any grid (rows are grid-strided).  Rows of
  * up to IC_WARP_TOPK entries go one per warp, so a block takes NUM_WARPS
- * rows (the harness launches ceil(rows / NUM_WARPS) blocks): a warp holds
- * its whole row in registers, scans with shuffles and never waits on a
- * block barrier.  One block per row of 512 left half the threads idle and
+ * rows at a time (the harness launches ceil(rows / (4 * NUM_WARPS))
+ * blocks, so each warp walks 4 rows): a warp holds its whole row in
+ * registers, scans with shuffles and never waits on a block barrier.  One block per row of 512 left half the threads idle and
  * each block a chain of DRAM round trips and barriers; at 65,536 rows that
  * measured 0.28-0.47 of copy bandwidth.  Longer rows go one per block (the
  * harness: one block per row), walked in chunks of NUM_WARPS*32*VEC*G
@@ -24,8 +24,8 @@
  */
 #include "kw_k_dcp.cuh"
 
-/* Rows up to this long go one per warp (kw__k_ic_rows_per_block() in
- * kernels/gen.c mirrors it for the harness's grid). */
+/* Rows up to this long go one per warp (kw__k_gen_ic() in kernels/gen.c
+ * mirrors it for the harness's grid). */
 #define IC_WARP_TOPK 512
 
 /* One entry's conversion: everything that is fixed for the row. */

@@ -90,9 +90,9 @@ typedef struct kw_k_dev {
  *       const int *topk_pos, const int *prefill_req (opt), const int
  *       *workspace_start (opt), int num_rows, int num_reqs, int num_prefill,
  *       int width, int workspace_rank_stride, int *out, int *valid_count
- *       (opt).  Block: num_warps*32 threads.  Grid: any; one block per row,
- *       or, when num_topk_tokens <= 512, one per num_warps rows (a warp
- *       per row).
+ *       (opt).  Block: num_warps*32 threads.  Grid: any (the harness:
+ *       one block per row, or, when num_topk_tokens <= 512, one per
+ *       4*num_warps rows: a warp per row, 4 rows per warp).
  *   dcp_pack_topk_candidates: const float *logits, const int *topk_local,
  *       const int *row_starts (opt), int num_rows, int cols, float *packed.
  *       Block: block_size threads.  Grid: one block per row.
