@@ -28,15 +28,21 @@
  *
  * Memory limit: the helper loads NVRTC and its builtins library, then sets
  * RLIMIT_AS to mem_limit (checked: every family compiles under 4 GiB; the
- * biggest, dcp_stable_topk with CUB, peaks near 150 MiB of address space).
- * What NVRTC does when an allocation is refused varies: NVRTC_ERROR_OUT_OF_
- * MEMORY (the helper answers KW__POOL_EMEMLIMIT), or "LLVM ERROR: out of
- * memory" and abort(); on such a fatal signal (SIGABRT, SIGSEGV, SIGBUS)
- * with at least half the limit in use, the helper exits
- * KW__POOL_EXIT_NOMEM instead of dying of the signal.  Either way the key
- * fails with KW__POOL_EMEMLIMIT.  In ASan builds the helper limits
- * RLIMIT_DATA above its start-up size instead (ASan's heap lives in address
- * space reserved at start, which RLIMIT_AS cannot see).
+ * biggest, dcp_stable_topk with CUB, peaks near 150 MiB of address space,
+ * an idle worker maps about 110 MiB).  NVRTC fails under the limit in many
+ * ways (measured from 64 to 145 MiB): NVRTC_ERROR_OUT_OF_MEMORY; "catastrophic
+ * error: out of memory" in the log; ptxas printing "Memory allocation
+ * failure" on stderr with only NVRTC_ERROR_COMPILATION in the log; or LLVM
+ * printing "LLVM ERROR: out of memory" and calling abort().  Never SIGKILL
+ * (that is the kernel's OOM killer, which reads as a crash, signal 9).  The
+ * helper turns a failed compile whose log says so, or whose VmPeak came
+ * within an eighth of the limit, into KW__POOL_EMEMLIMIT (NVRTC's log kept
+ * after the reason), and a fatal signal (SIGABRT, SIGSEGV, SIGBUS) with at
+ * least half the limit in use into exit status KW__POOL_EXIT_NOMEM, which
+ * the pool reports as KW__POOL_EMEMLIMIT too.  In ASan builds the helper
+ * limits RLIMIT_DATA above its start-up size instead (ASan's heap lives in
+ * address space reserved at start, which RLIMIT_AS cannot see), and ASan's
+ * own death under the limit counts as the limit.
  *
  * ---------------------------------------------------------------------------
  * Pipe protocol between the pool and kwarm-compile (version 1)
@@ -71,14 +77,13 @@
  * when its stdin reaches EOF.  It writes nothing else on stdout.
  *
  * Helper: `kwarm-compile [--mem-limit BYTES]`; exit codes 0 (stdin
- * closed), 2 (malformed request frame),
- * KW__POOL_EXIT_NOMEM (died under the memory limit, see above), 127 (bad
- * arguments, or setrlimit failed).
+ * closed), 2 (malformed request frame), KW__POOL_EXIT_NOMEM (died under the
+ * memory limit, see above), 127 (bad arguments, or setrlimit failed).
  *
  * ---------------------------------------------------------------------------
- * Test-only hooks (environment variables the helper reads at start; the
- * pool passes its environment through unchanged).  Never set them in
- * production:
+ * Test-only hooks (environment variables the helper reads when it starts,
+ * so set them before kw__pool_start(); the pool passes its environment
+ * through unchanged).  Never set them in production:
  *   KWARM_TEST_INSTANT_COMPILE=1   answer at once with rc 0, entry
  *       "kw_test_entry" and a 256-byte fake cubin: the key's digest
  *       repeated 8 times (so daemon tests with >10,000 keys stay fast).
