@@ -29,7 +29,7 @@
  * Memory limit: the helper loads NVRTC and its builtins library, then sets
  * RLIMIT_AS to mem_limit (checked: every family compiles under 4 GiB; the
  * biggest, dcp_stable_topk with CUB, peaks near 150 MiB of address space,
- * an idle worker maps about 110 MiB).  NVRTC fails under the limit in many
+ * an idle worker maps about 120 MiB).  NVRTC fails under the limit in many
  * ways (measured from 64 to 145 MiB): NVRTC_ERROR_OUT_OF_MEMORY; "catastrophic
  * error: out of memory" in the log; ptxas printing "Memory allocation
  * failure" on stderr with only NVRTC_ERROR_COMPILATION in the log; or LLVM
@@ -87,6 +87,8 @@
  *   KWARM_TEST_INSTANT_COMPILE=1   answer at once with rc 0, entry
  *       "kw_test_entry" and a 256-byte fake cubin: the key's digest
  *       repeated 8 times (so daemon tests with >10,000 keys stay fast).
+ *       A number above 256 (up to 16 MiB) is the fake cubin's size
+ *       instead, for tests that need large replies.
  *   KWARM_TEST_CRASH_FAMILY=<name> abort() on a request for that family
  *       (kw_keys_family_name), e.g. "dcp_stable_topk".
  *   KWARM_TEST_HANG_FAMILY=<name>  sleep forever on a request for that
