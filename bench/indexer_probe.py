@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""Where the time goes: the indexer kernels with parts cut out.
+
+usage (on the GPU machine, from the repository root):
+    python3 bench/indexer_probe.py OUT.json
+
+Each variant is kernels/indexer_*.cu with one step removed by a text
+replacement (asserted to apply), compiled with cupy's NVRTC, and timed on
+the data of bench/indexer_bench.py; the outputs of a cut variant are
+garbage, only its time means something.  The differences to the base say
+what each step costs (docs/perf.md, "indexer_logits and indexer_topk")."""
+import re, statistics, sys, json
+import cupy, torch
+
+SRC = "kernels/"
+OPTS = ("-std=c++17", "-I/usr/local/cuda/include", "-I/usr/local/cuda/include/cccl")
+
+
+def timed(fn, iters=5):
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    ms = []
+    for _ in range(iters):
+        a = torch.cuda.Event(enable_timing=True); b = torch.cuda.Event(enable_timing=True)
+        a.record(); fn(); b.record(); b.synchronize(); ms.append(a.elapsed_time(b))
+    return statistics.median(ms)
+
+
+def build(src, arch, expr):
+    mod = cupy.RawModule(code=src, options=OPTS + ("--gpu-architecture=" + arch,),
+                         name_expressions=[expr])
+    return mod.get_function(expr)
+
+
+def launch(fn, grid, block, shmem, args):
+    conv = [cupy.asarray(a) if isinstance(a, torch.Tensor) else cupy.int32(a) for a in args]
+    fn.max_dynamic_shared_size_bytes = shmem
+    fn(grid, (block,), tuple(conv), shared_mem=shmem)
+
+
+def logits_variants():
+    src = open(SRC + "indexer_logits.cu").read()
+    v = {"base": src}
+    v["noepilogue"] = src.replace("            il_epilogue<HP, QB>(acc, m.ws, bk, lo, hi, tile(j),\n                                m.scs + (j % S) * IL_ROWS, out);", "            if (acc[0] == 123.0f) out[0] = acc[1];")
+    v["nomma"] = src.replace("            il_mma(m, j % S, acc);", "            for (int q_ = 0; q_ < NQ / 2; q_++) acc[q_] = (float)q_;")
+    v["noload"] = src.replace("            if (j + S - 1 < nt)\n                load(j + S - 1, pg);", "")
+    for k_, s in v.items():
+        assert k_ == "base" or s != src, k_
+    T, N, H, D = 4096, 65536, 64, 128
+    g = torch.Generator(device="cuda").manual_seed(2)
+    q = (torch.randn(T, H, D, generator=g, device="cuda")).to(torch.float8_e4m3fn)
+    k = (torch.randn(N, D, generator=g, device="cuda")).to(torch.float8_e4m3fn)
+    w = torch.randn(T, H, generator=g, device="cuda") / H
+    ksc = torch.rand(N, generator=g, device="cuda") + 0.5
+    ks = torch.zeros(T, dtype=torch.int32, device="cuda")
+    ke = (N - T + 1 + torch.arange(T, device="cuda")).to(torch.int32)
+    out = torch.empty(T, N, device="cuda")
+    flops = 2.0 * H * D * float((ke - ks).sum().item())
+    res = {}
+    for name, s in v.items():
+        fn = build(s, "sm_90a", "kw_k_indexer_logits<64,128,false,0,1>")
+        ms = timed(lambda: launch(fn, (T // 2,), 256, 84480, [q.view(torch.uint8), w, k.view(torch.uint8), ksc, ks, ke, T, N, N, out]))
+        res[name] = ms
+        print(f"logits {name}: {ms:.3f} ms = {flops / ms / 1e9:.0f} TFLOP/s", flush=True)
+    return res
+
+
+def decode_variants():
+    src = open(SRC + "indexer_logits.cu").read()
+    v = {"base": src}
+    v["noepilogue"] = src.replace("            il_epilogue<HP, QB>(acc, m.ws, bk, lo, hi, tile(j),\n                                m.scs + (j % S) * IL_ROWS, out);", "            if (acc[0] == 123.0f) out[0] = acc[1];")
+    v["nomma"] = src.replace("            il_mma(m, j % S, acc);", "            for (int q_ = 0; q_ < NQ / 2; q_++) acc[q_] = (float)q_;")
+    v["noload"] = src.replace("            if (j + S - 1 < nt)\n                load(j + S - 1, pg);", "")
+    B, rows, PR, D, H = 128, 65536, 64, 128, 64
+    width = rows // PR
+    g = torch.Generator(device="cuda").manual_seed(3)
+    pages = B * width
+    kp = torch.randn(pages, PR, D, generator=g, device="cuda").to(torch.float8_e4m3fn)
+    ksc = torch.rand(pages, PR, generator=g, device="cuda") + 0.5
+    bt = torch.randperm(pages, generator=g, device="cuda").to(torch.int32).view(B, width)
+    q = torch.randn(B, H, D, generator=g, device="cuda").to(torch.float8_e4m3fn)
+    w = torch.randn(B, H, generator=g, device="cuda") / H
+    re_ = torch.full((B,), rows, dtype=torch.int32, device="cuda")
+    out = torch.empty(B, rows, device="cuda")
+    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda"); b2 = torch.empty_like(a)
+    cms = timed(lambda: b2.copy_(a)); cg = 2 * (1 << 30) / cms / 1e6
+    del a, b2
+    res = {}
+    for name, s in v.items():
+        fn = build(s, "sm_90a", "kw_k_indexer_logits<64,128,true,64,1>")
+        for split in ((2, 4, 9, 16) if name == "base" else (9,)):
+            ms = timed(lambda: launch(fn, (split, B, 1), 256, 76032, [q.view(torch.uint8), w, kp.view(torch.uint8), ksc, bt, re_, B, width, rows, out]))
+            gb = B * rows * D / ms / 1e6
+            res[f"{name}_{split}"] = ms
+            print(f"decode n1 {name} split {split}: {ms:.3f} ms, {gb:.0f} GB/s = {gb / cg:.2f} of copy {cg:.0f}", flush=True)
+    return res
+
+
+def topk_variants():
+    src = open(SRC + "indexer_topk.cu").read()
+    v = {"base": src}
+    a = """    if (n > 2048)
+        it_sort_emit<8>(sel, n, out);
+    else if (n > 1024)
+        it_sort_emit<4>(sel, n, out);"""
+    assert a in src
+    v["nosort"] = src.replace(a, """    if (n > 1024)
+        it_emit(sel, n, out);""")
+    b = "        kw_u64 thr = it_select_smem(cand, ctl->ncand, TOPK - above, hist, ctl);"
+    assert b in src
+    v["noselect"] = src.replace(b, "        kw_u64 thr = cand[0];")
+    c = "    it_gather(row, len, bin, sel, cand, ctl->wsum);"
+    assert c in src
+    v["nogather"] = src.replace(c, "")
+    R, N, K = 4096, 65536, 2048
+    g = torch.Generator(device="cuda").manual_seed(4)
+    x = torch.round(torch.randn(R, N, generator=g, device="cuda") * 256) / 256
+    re_ = torch.full((R,), N, dtype=torch.int32, device="cuda")
+    out = torch.empty(R, K, dtype=torch.int32, device="cuda")
+    res = {}
+    for name, s in v.items():
+        fn = build(s, "sm_90", "kw_k_indexer_topk<2048,false>")
+        res[name] = timed(lambda: launch(fn, (R,), 512, 73728, [x, re_, re_, R, N, out]))
+        print(f"topk {name}: {res[name]:.3f} ms", flush=True)
+    return res
+
+
+if __name__ == "__main__":
+    r = {"topk": topk_variants(), "logits": logits_variants(),
+         "decode": decode_variants()}
+    json.dump(r, open(sys.argv[1], "w"), indent=1)
