@@ -274,3 +274,48 @@ int kw_config_deploy_from_json(kw_config_deploy *d, const cJSON *obj,
         snprintf(d->source, sizeof d->source, "%s", name);
     return rc;
 }
+
+/* The arch list joined by commas into buf (room for every arch). */
+static void arch_list(const kw_config_deploy *d, char *buf, size_t cap)
+{
+    size_t n = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < d->narch && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%s", i ? "," : "",
+                              d->arch[i]);
+}
+
+/* Adds field f of d to obj, as a --deploy file spells it; false on
+ * allocation failure. */
+static bool add_given(cJSON *obj, const kw_config_deploy *d,
+                      kw_config_field f)
+{
+    const char *name = fields[f].name;
+    char list[KW_CONFIG_MAX_ARCH * KW_CONFIG_ARCH_LEN + 1];
+    if (f == KW_CONFIG_ARCH) {
+        arch_list(d, list, sizeof list);
+        return cJSON_AddStringToObject(obj, name, list) != NULL;
+    }
+    if (f == KW_CONFIG_TEXT_CONFIG)
+        return d->text_config == NULL ||
+               cJSON_AddStringToObject(obj, name, d->text_config) != NULL;
+    if (f == KW_CONFIG_DCP_RANK && d->dcp_rank == KW_CONFIG_RANK_ALL)
+        return cJSON_AddStringToObject(obj, name, "all") != NULL;
+    int64_t v = *(const int64_t *)((const char *)d + fields[f].off);
+    return cJSON_AddNumberToObject(obj, name, (double)v) != NULL;
+}
+
+int kw_config_deploy_given_json(const kw_config_deploy *d, cJSON **out)
+{
+    cJSON *obj = cJSON_CreateObject();
+    bool ok = obj != NULL;
+    for (int f = 0; ok && f < KW_CONFIG_NFIELDS; f++)
+        if (d->given & (1u << f))
+            ok = add_given(obj, d, (kw_config_field)f);
+    if (!ok) {
+        cJSON_Delete(obj);
+        return KW_ENOMEM;
+    }
+    *out = obj;
+    return 0;
+}

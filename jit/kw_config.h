@@ -137,6 +137,13 @@ struct cJSON;
 int kw_config_deploy_from_json(kw_config_deploy *d, const struct cJSON *obj,
                                const char *name, char *err, size_t errlen);
 
+/* The fields given by flags or a file (d->given), as the --deploy file
+ * would spell them: a new object, the caller's to cJSON_Delete(), which
+ * kw_config_deploy_from_json() reads back to the same deployment (how the
+ * CLI hands a deployment to kwarmd).  Returns 0 or KW_ENOMEM. */
+int kw_config_deploy_given_json(const kw_config_deploy *d,
+                                struct cJSON **out);
+
 /* Applies the model-dependent defaults and cross-field rules of §2:
  * block_size, max_model_len, block_stride_rows, dcp_rank < dcp_world,
  * interleave divisibility.  Returns 0, or KW_EDEPLOY / KW_ECONFIG with a

@@ -9,6 +9,8 @@
 
 #include "deploy_util.h"
 
+#include <cjson/cJSON.h>
+
 /* ---- defaults and flag names -------------------------------------------- */
 
 Test(deploy, init_sets_spec_defaults)
@@ -516,4 +518,31 @@ Test(deploy, deploy_file_num_speculative_tokens, .init = tmp_setup,
     file_rejects("{\"num_speculative_tokens\": 1.5}", "/num_speculative_tokens");
     file_rejects("{\"num_speculative_tokens\": \"1\"}",
                  "/num_speculative_tokens");
+}
+
+/* The given fields round-trip through kw_config_deploy_given_json(), the
+ * speculative tokens included (how kwarm hands a deployment to kwarmd). */
+Test(deploy, given_fields_round_trip_through_json)
+{
+    kw_config_deploy d, back;
+    char err[KW_CONFIG_ERRLEN];
+    flags(&d, F("--dcp-world", "4", "--dcp-rank", "all",
+                "--num-speculative-tokens", "3", "--arch", "sm_90,sm_100",
+                "--block-stride-rows", "4096"));
+    cJSON *obj = NULL;
+    cr_assert_eq(kw_config_deploy_given_json(&d, &obj), 0);
+    cr_assert_eq(cJSON_GetArraySize(obj), 5);
+    kw_config_deploy_init(&back);
+    cr_assert_eq(kw_config_deploy_from_json(&back, obj, "req", err,
+                                            sizeof err), 0, "%s", err);
+    cr_expect_eq(back.dcp_world, 4);
+    cr_expect_eq(back.dcp_rank, KW_CONFIG_RANK_ALL);
+    cr_expect_eq(back.num_speculative_tokens, 3);
+    cr_expect_eq(back.block_stride_rows, 4096);
+    cr_expect_eq(back.narch, 2);
+    cr_expect_str_eq(back.arch[1], "sm_100");
+    cr_expect_eq(back.given, d.given);
+    cJSON_Delete(obj);
+    kw_config_deploy_destroy(&back);
+    kw_config_deploy_destroy(&d);
 }
