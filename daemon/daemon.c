@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <sodium.h>
@@ -38,6 +39,8 @@ void kw_daemon_opts_init(kw_daemon_opts *o)
     o->compile_mem_limit = 4ull << 30;      /* address space of a worker */
     o->max_size = KW_CACHE_DEFAULT_SIZE;    /* 1 GiB of cubins */
     o->idle_timeout_ms = 60 * 1000;         /* silent clients go after 60 s */
+    o->max_output = 16u << 20;              /* replies queued per connection */
+    o->max_connections = 1024;              /* open connections at once */
     o->socket_mode = 0660;                  /* owner and group */
 }
 
@@ -222,11 +225,30 @@ static void abort_start(kw__daemon *d)
     uv_run(&d->loop, UV_RUN_DEFAULT);
 }
 
+/* Raises the soft limit on open files toward what max_connections needs
+ * (the hard limit bounds it; --max-connections still holds the count). */
+static void raise_fd_limit(unsigned max_connections)
+{
+    struct rlimit rl;
+    rlim_t want = (rlim_t)max_connections + 256;
+    if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur >= want)
+        return;
+    rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > want ? want
+                                                                    : rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < want)
+        KW_LOG(KW_LOG_WARNING, "open-file limit %llu is below what %u "
+               "connections need", (unsigned long long)rl.rlim_cur,
+               max_connections);
+}
+
 int kw_daemon_run(const kw_daemon_opts *o, char *err, size_t errlen)
 {
     kw__daemon d = {.opts = o, .lock_fd = -1};
     snprintf(d.version, sizeof d.version, "%s", KW_VERSION);
+    d.test_peercred_fail = getenv("KWARMD_TEST_PEERCRED_FAIL") != NULL;
+    kw__alloc_hook_init();
     signal(SIGPIPE, SIG_IGN); /* a client gone mid-write is an EPIPE */
+    raise_fd_limit(o->max_connections);
     int rc = uv_loop_init(&d.loop);
     if (rc < 0) {
         snprintf(err, errlen, "uv_loop_init: %s", uv_strerror(rc));

@@ -73,6 +73,9 @@ typedef struct kw__daemon {
     size_t nreqs;          /* requests not yet over (loop thread) */
     uint64_t stop_at;      /* uv_now() of the signal */
     bool stopped;          /* the final close ran */
+    bool test_peercred_fail; /* KWARMD_TEST_PEERCRED_FAIL: tests only */
+    bool warned_max_conn;  /* the connection cap was logged, not yet cleared */
+    uint64_t refused_full; /* connections refused for the cap */
     kw__conn *conns; /* every open connection */
     size_t nconns;
     bool stopping;
@@ -110,7 +113,7 @@ struct kw__req {
     char *log;
     /* stats: the loop's counters when it was asked */
     size_t nconns;
-    uint64_t requests, protocol_errors, refused;
+    uint64_t requests, protocol_errors, refused, refused_full;
 };
 
 /* Sends a frame of type with header h for r (encoded here, on any thread;
@@ -151,8 +154,12 @@ struct kw__conn {
     kw__conn *next_backlog;
     void *spare;      /* a reply buffer to reuse (no malloc/page faults per get) */
     size_t spare_cap;
+    size_t queued;    /* reply bytes handed to uv_write, not yet written */
+    uint64_t progress_at; /* uv_now() of the last write done (or start) */
     bool closing;
-    bool paused;
+    bool reading;     /* uv_read_start in effect */
+    bool throttled;   /* queued passed --max-output: reading stopped */
+    bool refusing;    /* refused: an error frame out, input drained */
     bool in_backlog;
     uid_t uid;
     gid_t gid;
@@ -173,6 +180,14 @@ void kw__daemon_request_end(kw__req *r);
 
 /* The connection a request answers, and its daemon. */
 kw__conn *kw__req_conn(const kw__req *r);
+
+/* The allocation-failure test hook (jobs.c): KWARMD_TEST_FAIL_ALLOC=TYPE
+ * ("stats", "ping", ...) makes every cJSON allocation fail while a thread
+ * serves a request of that type, until its error frame is made.  Read
+ * once at start (kw__alloc_hook_init). */
+extern _Thread_local bool kw__alloc_fail;
+extern uint16_t kw__alloc_fail_type;
+void kw__alloc_hook_init(void);
 
 /* Job threads (jobs.c): start; queue a request (its handler runs there);
  * cancel (requests still queued are answered "kwarmd is stopping", without
@@ -195,6 +210,23 @@ void kw__daemon_check_stop(kw__daemon *d);
 
 /* Initialises the outbox (server.c). */
 int kw__daemon_outbox_init(kw__daemon *d);
+
+/* A new connection of d (handles initialised, not yet accepted into),
+ * counted in d->nconns; NULL when out of memory. */
+kw__conn *kw__conn_new(kw__daemon *d);
+
+/* Starts serving an accepted c: its idle timer (idle_ms) and reading. */
+void kw__conn_start(kw__conn *c, unsigned idle_ms);
+
+/* Refuses c: one error frame, our side shut down, its input drained and
+ * dropped until it closes or the idle timer ends it, so the peer reads
+ * the reason instead of a reset. */
+void kw__conn_refuse(kw__conn *c, int code, const char *msg);
+
+/* Sends an encoded frame (owned) to c; close_after closes c once it is
+ * written. */
+void kw__conn_send_frame(kw__conn *c, uint8_t *frame, size_t len,
+                         bool close_after);
 
 /* Sends one frame to c (header encoded, payload copied into the frame). */
 void kw__conn_send(kw__conn *c, uint16_t type, const cJSON *header,

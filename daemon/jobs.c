@@ -10,6 +10,7 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kw_err.h"
 #include "log.h"
@@ -31,12 +32,28 @@ static void post(kw__req *r, uint8_t *frame, size_t len, bool done)
     kw__daemon_post(r->d, o);
 }
 
+/* The error frame of last resort, when not even an error can be encoded
+ * (out of memory): fixed text, no cJSON.  NULL when malloc fails too. */
+static uint8_t *oom_frame(size_t *len)
+{
+    static const char json[] = "{\"error\":\"out of memory\","
+                               "\"code\":\"KW_ENOMEM\"}";
+    uint8_t *f = malloc(KW_PROTO_HEAD_LEN + sizeof json - 1);
+    if (f == NULL)
+        return NULL;
+    kw_proto_encode_head(f, KW_PROTO_ERROR, sizeof json - 1, 0);
+    memcpy(f + KW_PROTO_HEAD_LEN, json, sizeof json - 1);
+    *len = KW_PROTO_HEAD_LEN + sizeof json - 1;
+    return f;
+}
+
 void kw__req_error(kw__req *r, int code, const char *msg, bool done)
 {
     uint8_t *frame = NULL;
     size_t len = 0;
+    kw__alloc_fail = false; /* the test hook fails a request, not its error */
     if (kw_proto_error_frame(code, msg, &frame, &len) < 0)
-        frame = NULL;
+        frame = oom_frame(&len);
     post(r, frame, len, done);
 }
 
@@ -70,14 +87,42 @@ static void *job_main(void *arg)
             d->job_tail = NULL;
         bool stopping = d->jobs_stopping;
         pthread_mutex_unlock(&d->job_mu);
-        if (stopping)
+        if (stopping) {
             kw__daemon_refuse_job(r);
-        else
+        } else {
+            kw__alloc_fail = kw__alloc_fail_type == r->type; /* tests only */
             kw__daemon_run_job(r);
+            kw__alloc_fail = false;
+        }
         pthread_mutex_lock(&d->job_mu);
     }
     pthread_mutex_unlock(&d->job_mu);
     return NULL;
+}
+
+/* ---- the allocation-failure hook (tests only) ------------------------- */
+
+_Thread_local bool kw__alloc_fail;
+uint16_t kw__alloc_fail_type;
+
+/* cJSON's allocator while KWARMD_TEST_FAIL_ALLOC names a request type:
+ * fails while this thread serves a request of that type. */
+static void *hook_malloc(size_t n)
+{
+    return kw__alloc_fail ? NULL : malloc(n);
+}
+
+void kw__alloc_hook_init(void)
+{
+    static const char *const names[] = {"ping", "keys", "warmup", "get",
+                                        "stats", "evict"};
+    const char *v = getenv("KWARMD_TEST_FAIL_ALLOC");
+    for (size_t i = 0; v != NULL && i < sizeof names / sizeof *names; i++)
+        if (strcmp(v, names[i]) == 0) {
+            kw__alloc_fail_type = (uint16_t)(i + 1); /* KW_PROTO_PING... */
+            cJSON_Hooks hooks = {hook_malloc, free};
+            cJSON_InitHooks(&hooks);
+        }
 }
 
 int kw__jobs_start(kw__daemon *d)

@@ -29,8 +29,13 @@ typedef struct kw_daemon_opts {
     char compile_helper[4096];   /* kwarm-compile; "": found beside kwarmd */
     uint64_t max_size;         /* cache size limit in bytes */
     unsigned idle_timeout_ms;  /* a silent connection is closed after it */
+    uint64_t max_output;       /* reply bytes queued per connection before
+                                  kwarmd stops reading it (16 MiB) */
+    unsigned max_connections;  /* open connections; the next is refused */
+    bool deny_root;            /* refuse uid 0 too (root is allowed by
+                                  default, whatever the allowlist) */
     uid_t allow_uid[KW_DAEMON_MAX_ALLOW];
-    size_t nallow_uid;         /* 0: the daemon's own uid and root */
+    size_t nallow_uid;         /* none of either: the daemon's own uid */
     gid_t allow_gid[KW_DAEMON_MAX_ALLOW];
     size_t nallow_gid;
     unsigned socket_mode;      /* 0660 */

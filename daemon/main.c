@@ -24,6 +24,7 @@ static const char usage[] =
     "usage: kwarmd [--socket PATH] [--cache DIR] [--jobs N] [--max-size SIZE]\n"
     "              [--compile-timeout S] [--compile-memory SIZE]\n"
     "              [--compile-helper PATH]\n"
+    "              [--max-output SIZE] [--max-connections N] [--deny-root]\n"
     "              [--allow-uid UID]... [--allow-gid GID]... [--idle-timeout MS]\n"
     "              [--socket-mode MODE]\n"
     "              [--remote redis://HOST:PORT[/DB] --remote-key-file F]\n"
@@ -46,7 +47,13 @@ static const char usage[] =
     "  --max-size SIZE     cache size limit, bytes or K/M/G (1G)\n"
     "  --allow-uid UID     a uid (number or name) allowed to connect; repeatable\n"
     "  --allow-gid GID     a gid (number or name) allowed to connect; repeatable\n"
-    "                      (default: kwarmd's own uid and root)\n"
+    "                      (default: kwarmd's own uid); root is always allowed\n"
+    "  --deny-root         refuse root too\n"
+    "  --max-connections N open connections at once; the next one gets an\n"
+    "                      error frame and is closed (1024)\n"
+    "  --max-output SIZE   replies queued for one connection before kwarmd\n"
+    "                      stops reading its requests (16M); one that reads\n"
+    "                      nothing for --idle-timeout is dropped\n"
     "  --idle-timeout MS   close connections silent this long (60000)\n"
     "  --socket-mode MODE  octal mode of a socket kwarmd creates (0660); the\n"
     "                      uid/gid allowlist is checked on every connection\n"
@@ -218,6 +225,38 @@ static int set_compile_memory(kw_daemon_opts *o, const char *v)
     return rc;
 }
 
+static int set_max_output(kw_daemon_opts *o, const char *v)
+{
+    uint64_t n;
+    int rc = kw_parse_size(v, &n);
+    if (rc == 0 && (n < (64u << 10) || n > (1ull << 34)))
+        rc = KW_EINVAL;
+    if (rc == 0)
+        o->max_output = n;
+    return rc;
+}
+
+static int set_max_connections(kw_daemon_opts *o, const char *v)
+{
+    uint64_t n;
+    int rc = kw_parse_u64(v, 1000000, &n);
+    if (rc == 0 && n == 0)
+        rc = KW_EINVAL;
+    if (rc == 0)
+        o->max_connections = (unsigned)n;
+    return rc;
+}
+
+/* --deny-root takes no value on the command line; in --config it is
+ * "deny-root": true (or "true"/"false"). */
+static int set_deny_root(kw_daemon_opts *o, const char *v)
+{
+    if (strcmp(v, "true") != 0 && strcmp(v, "false") != 0)
+        return KW_EINVAL;
+    o->deny_root = v[0] == 't';
+    return 0;
+}
+
 static int set_compile_helper(kw_daemon_opts *o, const char *v)
 {
     return set_str(o->compile_helper, sizeof o->compile_helper, v);
@@ -234,6 +273,9 @@ static const struct option_def {
     {"compile-timeout", set_compile_timeout, "seconds in [1, 86400]"},
     {"compile-memory", set_compile_memory, "a size of at least 64M (bytes, or K/M/G)"},
     {"compile-helper", set_compile_helper, "a file path"},
+    {"max-output", set_max_output, "a size in [64K, 16G] (bytes, or K/M/G)"},
+    {"max-connections", set_max_connections, "an integer in [1, 1000000]"},
+    {"deny-root", set_deny_root, "true or false"},
     {"max-size", set_max_size, "a size of at least 1M (bytes, or K/M/G)"},
     {"allow-uid", set_allow_uid, "a uid or user name (at most 32)"},
     {"allow-gid", set_allow_gid, "a gid or group name (at most 32)"},
@@ -263,6 +305,8 @@ static int config_value(kw_daemon_opts *o, const struct option_def *def,
     const char *text = NULL;
     if (cJSON_IsString(v))
         text = v->valuestring;
+    else if (cJSON_IsBool(v))
+        text = cJSON_IsTrue(v) ? "true" : "false";
     else if (cJSON_IsNumber(v) && v->valuedouble >= 0 &&
              v->valuedouble < 1e15 && v->valuedouble == (double)(int64_t)v->valuedouble) {
         snprintf(num, sizeof num, "%lld", (long long)v->valuedouble);
@@ -322,6 +366,10 @@ static int parse_flags(kw_daemon_opts *o, int argc, char **argv)
             strcmp(a, "--version") == 0) {
             printf("%s", a[2] == 'v' ? "kwarmd " KW_VERSION "\n" : usage);
             return 1;
+        }
+        if (strcmp(a, "--deny-root") == 0) { /* the one flag without a value */
+            o->deny_root = true;
+            continue;
         }
         const struct option_def *def = strncmp(a, "--", 2) == 0 ? find_option(a + 2) : NULL;
         bool cfg = strcmp(a, "--config") == 0;

@@ -56,7 +56,8 @@ int kw__req_keys(const cJSON *h, kw_config_model *m, kw_config_deploy *d,
 static int stream_keys(kw__req *r, const kw_keys_set *set)
 {
     for (size_t i = 0; i < set->nkeys;) {
-        cJSON *h = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(h, "keys");
+        cJSON *h = cJSON_CreateObject(), *arr = h ? cJSON_AddArrayToObject(h, "keys")
+                                                  : NULL;
         if (arr == NULL) {
             cJSON_Delete(h);
             return KW_ENOMEM;
@@ -110,55 +111,69 @@ void kw__run_keys(kw__req *r)
     kw_config_deploy_destroy(&d);
 }
 
-/* Adds the warm pipeline's counters (one meaning each: README.md). */
-static void add_warm_stats(cJSON *h, kw_warm *w)
+/* Adds n numbers to h; false when an allocation failed (h is then
+ * incomplete and must not be sent). */
+static bool add_numbers(cJSON *h, const char *const *names, const uint64_t *v,
+                        size_t n)
+{
+    bool ok = h != NULL;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = cJSON_AddNumberToObject(h, names[i], (double)v[i]) != NULL;
+    return ok;
+}
+
+#define NSTATS 30
+
+/* Every counter of `stats` (README.md says what each means): the cache's,
+ * the loop's (as of the request), the warm pipeline's, the fleet tier's. */
+static size_t collect_stats(const kw__req *r, const kw_cache_stats *st,
+                            const char **names, uint64_t *v)
 {
     kw_warm_stats ws;
-    kw_warm_stats_get(w, &ws);
-    const char *names[] = {"warm_keys", "warm_hits", "warm_misses",
-                           "warm_joined", "remote_hits", "store_failures",
-                           "cancelled", "compiles_queued",
-                           "compiles_inflight", "warm_jobs_active"};
-    uint64_t v[] = {ws.keys, ws.hits, ws.misses, ws.joined, ws.remote_hits,
-                    ws.store_failures, ws.cancelled, ws.queued, ws.compiling,
-                    ws.jobs_active};
-    for (size_t i = 0; i < sizeof v / sizeof *v; i++)
-        cJSON_AddNumberToObject(h, names[i], (double)v[i]);
-    /* compiles_started: flights that reached a worker or the fleet. */
-    cJSON_AddNumberToObject(h, "compiles_started",
-                            (double)(ws.compiles + ws.compile_failures +
-                                     ws.store_failures + ws.compiling));
+    kw_remote_stats rs = {0}; /* fleet tier: zeros without one */
+    kw_warm_stats_get(r->d->warm, &ws);
+    if (r->d->remote != NULL)
+        kw_remote_stats_get(r->d->remote, &rs);
+    static const char *const n[NSTATS] = {
+        "entries", "bytes", "max_size", "hits", "misses", "compiles",
+        "compile_failures", "evictions", "corrupt", "connections", "requests",
+        "protocol_errors", "refused", "refused_full", "warm_keys", "warm_hits",
+        "warm_misses", "warm_joined", "remote_hits", "store_failures",
+        "cancelled", "compiles_queued", "compiles_inflight", "warm_jobs_active",
+        "compiles_started", "remote_fetches", "remote_misses", "remote_errors",
+        "remote_refused", "remote_puts"};
+    /* compiles_started: flights that reached a worker. */
+    uint64_t started = ws.compiles + ws.compile_failures + ws.store_failures +
+                       ws.compiling;
+    const uint64_t val[NSTATS] = {
+        st->entries, st->bytes, st->max_size, st->hits, st->misses,
+        st->compiles, st->compile_failures, st->evictions, st->corrupt,
+        r->nconns, r->requests, r->protocol_errors, r->refused,
+        r->refused_full, ws.keys, ws.hits, ws.misses, ws.joined,
+        ws.remote_hits, ws.store_failures, ws.cancelled, ws.queued,
+        ws.compiling, ws.jobs_active, started, rs.hits, rs.misses, rs.errors,
+        rs.refused, rs.puts};
+    memcpy(names, n, sizeof n);
+    memcpy(v, val, sizeof val);
+    return NSTATS;
 }
 
 void kw__run_stats(kw__req *r)
 {
     kw_cache_stats st;
-    kw__daemon *d = r->d;
-    int rc = kw_cache_stats_get(d->cache, &st);
-    cJSON *h = rc == 0 ? cJSON_CreateObject() : NULL;
-    if (h == NULL) {
-        kw__req_error(r, rc < 0 ? rc : KW_ENOMEM, NULL, true);
+    const char *names[NSTATS];
+    uint64_t v[NSTATS];
+    int rc = kw_cache_stats_get(r->d->cache, &st);
+    if (rc < 0) {
+        kw__req_error(r, rc, NULL, true);
         return;
     }
-    const char *names[] = {"entries", "bytes", "max_size", "hits", "misses",
-                           "compiles", "compile_failures", "evictions", "corrupt"};
-    uint64_t v[] = {st.entries, st.bytes, st.max_size, st.hits, st.misses,
-                    st.compiles, st.compile_failures, st.evictions, st.corrupt};
-    for (size_t i = 0; i < sizeof v / sizeof *v; i++)
-        cJSON_AddNumberToObject(h, names[i], (double)v[i]);
-    cJSON_AddNumberToObject(h, "connections", (double)r->nconns);
-    cJSON_AddNumberToObject(h, "requests", (double)r->requests);
-    cJSON_AddNumberToObject(h, "protocol_errors", (double)r->protocol_errors);
-    cJSON_AddNumberToObject(h, "refused", (double)r->refused);
-    add_warm_stats(h, d->warm);
-    kw_remote_stats rs = {0}; /* fleet tier: zeros without one */
-    if (d->remote != NULL)
-        kw_remote_stats_get(d->remote, &rs);
-    cJSON_AddNumberToObject(h, "remote_fetches", (double)rs.hits);
-    cJSON_AddNumberToObject(h, "remote_misses", (double)rs.misses);
-    cJSON_AddNumberToObject(h, "remote_errors", (double)rs.errors);
-    cJSON_AddNumberToObject(h, "remote_refused", (double)rs.refused);
-    cJSON_AddNumberToObject(h, "remote_puts", (double)rs.puts);
+    size_t n = collect_stats(r, &st, names, v);
+    cJSON *h = cJSON_CreateObject();
+    if (!add_numbers(h, names, v, n)) {
+        cJSON_Delete(h);
+        h = NULL; /* kw__req_send answers KW_ENOMEM */
+    }
     kw__req_send(r, KW_PROTO_RESULT, h, true);
     cJSON_Delete(h);
 }

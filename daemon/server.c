@@ -1,25 +1,22 @@
-/* server.c: the listening socket, connections, framing, idle timeouts.
+/* server.c: connections: their lifetime, framing, reads, writes and caps.
  *
- * _GNU_SOURCE: struct ucred and SO_PEERCRED (Linux) to learn each peer's
- * uid and gid at accept.
+ * The one place that takes and drops references on a connection and closes
+ * it.  Each connection has caps (DESIGN.md, "Rules of the loop thread"):
+ * the bytes of a request it may buffer (KW_PROTO_MAX_REQUEST), one request
+ * in flight at a time (reading pauses meanwhile), and the bytes of replies
+ * queued for it (--max-output): past that cap kwarmd stops reading its
+ * requests until the queue drains to half, and drops it when nothing has
+ * left for --idle-timeout.
  */
-#define _GNU_SOURCE
 #include "internal.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
-#include <unistd.h>
-
-#include <systemd/sd-daemon.h>
 
 #include "kw_err.h"
 #include "log.h"
-
 
 typedef struct write_req {
     uv_write_t req;
@@ -28,7 +25,12 @@ typedef struct write_req {
     uint8_t *frame;   /* owned */
     void *payload;    /* owned, sent after frame without a copy; or NULL */
     size_t payload_cap;
+    size_t bytes;     /* frame and payload: counted in conn->queued */
 } write_req;
+
+static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b);
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *b);
+static void process(kw__conn *c);
 
 static void conn_free(kw__conn *c)
 {
@@ -86,25 +88,46 @@ void kw__conn_close(kw__conn *c)
     kw__daemon_check_stop(d);
 }
 
+/* Reads when nothing holds it back: no request under way, the output
+ * queue under its cap, not closing.  A refused connection only drains. */
+static void update_reading(kw__conn *c)
+{
+    bool want = !c->closing && !c->d->stopping &&
+                (c->refusing || (c->active == NULL && !c->throttled));
+    if (want && !c->reading)
+        uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read);
+    else if (!want && c->reading && !c->closing)
+        uv_read_stop((uv_stream_t *)&c->pipe);
+    c->reading = want;
+}
+
 static void on_written(uv_write_t *req, int status)
 {
     write_req *w = (write_req *)req;
+    kw__conn *c = w->conn;
+    c->queued -= w->bytes;
+    c->progress_at = uv_now(&c->d->loop);
     if (status < 0 || w->close_after)
-        kw__conn_close(w->conn);
+        kw__conn_close(c);
     /* Keep one payload buffer for the connection's next reply: gets of
      * large cubins then cost no allocation and no page faults. */
-    if (w->payload != NULL && w->conn->spare == NULL && !w->conn->closing) {
-        w->conn->spare = w->payload;
-        w->conn->spare_cap = w->payload_cap;
+    if (w->payload != NULL && c->spare == NULL && !c->closing) {
+        c->spare = w->payload;
+        c->spare_cap = w->payload_cap;
     } else
         free(w->payload);
-    kw__conn_unref(w->conn);
+    if (c->throttled && c->queued <= c->d->opts->max_output / 2 && !c->closing) {
+        c->throttled = false; /* drained: read and serve again */
+        update_reading(c);
+        process(c);
+    }
+    kw__conn_unref(c);
     free(w->frame);
     free(w);
 }
 
 /* Queues frame and then payload (both owned; payload may be NULL) for
- * writing to c in one writev. */
+ * writing to c in one writev; past --max-output queued, reading stops. */
 static void send_bufs(kw__conn *c, uint8_t *frame, size_t len, void *payload,
                       size_t plen, size_t pcap, bool close_after)
 {
@@ -115,11 +138,9 @@ static void send_bufs(kw__conn *c, uint8_t *frame, size_t len, void *payload,
         free(payload);
         return;
     }
-    w->conn = c;
-    w->frame = frame;
-    w->payload = payload;
-    w->payload_cap = pcap;
-    w->close_after = close_after;
+    *w = (write_req){.conn = c, .frame = frame, .payload = payload,
+                     .payload_cap = pcap, .close_after = close_after,
+                     .bytes = len + plen};
     uv_buf_t b[2] = {uv_buf_init((char *)frame, (unsigned)len),
                      uv_buf_init(payload, (unsigned)plen)};
     c->refs++;
@@ -130,10 +151,19 @@ static void send_bufs(kw__conn *c, uint8_t *frame, size_t len, void *payload,
         free(payload);
         free(w);
         kw__conn_close(c);
+        return;
+    }
+    if (c->queued == 0)
+        c->progress_at = uv_now(&c->d->loop); /* the clock starts now */
+    c->queued += w->bytes;
+    if (!c->throttled && c->queued > c->d->opts->max_output) {
+        c->throttled = true;
+        update_reading(c);
     }
 }
 
-static void send_frame(kw__conn *c, uint8_t *frame, size_t len, bool close_after)
+void kw__conn_send_frame(kw__conn *c, uint8_t *frame, size_t len,
+                         bool close_after)
 {
     send_bufs(c, frame, len, NULL, 0, 0, close_after);
 }
@@ -162,21 +192,55 @@ void kw__conn_send(kw__conn *c, uint16_t type, const cJSON *header,
         kw__conn_error(c, rc, "reply could not be encoded", false);
         return;
     }
-    send_frame(c, frame, len, false);
+    kw__conn_send_frame(c, frame, len, false);
 }
 
 void kw__conn_error(kw__conn *c, int code, const char *msg, bool close_after)
 {
     uint8_t *frame = NULL;
     size_t len = 0;
+    kw__alloc_fail = false; /* the test hook fails a request, not its error */
     if (kw_proto_error_frame(code, msg, &frame, &len) < 0) {
         kw__conn_close(c);
         return;
     }
-    send_frame(c, frame, len, close_after);
+    kw__conn_send_frame(c, frame, len, close_after);
 }
 
-static void process(kw__conn *c);
+/* ---- refusing a peer ---------------------------------------------------- */
+
+static void on_shutdown(uv_shutdown_t *req, int status)
+{
+    kw__conn *c = req->data;
+    (void)status;
+    free(req);
+    kw__conn_unref(c);
+}
+
+void kw__conn_refuse(kw__conn *c, int code, const char *msg)
+{
+    /* Closing a socket whose peer sent bytes we did not read makes the
+     * kernel answer with a reset, which can destroy the error frame before
+     * the peer reads it ("Broken pipe").  So: send the frame, shut our
+     * side down, read and discard until the peer closes (or the idle
+     * timer gives up), then close. */
+    c->refusing = true;
+    kw__conn_error(c, code, msg, false);
+    uv_shutdown_t *req = malloc(sizeof *req);
+    if (req == NULL) {
+        kw__conn_close(c);
+        return;
+    }
+    req->data = c;
+    c->refs++;
+    if (uv_shutdown(req, (uv_stream_t *)&c->pipe, on_shutdown) < 0) {
+        c->refs--;
+        free(req);
+    }
+    update_reading(c);
+}
+
+/* ---- the backlog: pipelined frames left after a read ------------------- */
 
 /* A frame that broke the protocol: one ERROR frame (naming both versions
  * when only the version is wrong), then the connection closes. */
@@ -233,15 +297,22 @@ static void backlog_add(kw__conn *c)
     uv_idle_start(&d->resume, on_resume);
 }
 
+/* True while c may serve another buffered request now. */
+static bool may_serve(const kw__conn *c)
+{
+    return !c->closing && !c->active && !c->throttled && !c->refusing &&
+           !c->d->stopping;
+}
+
 /* Parses and serves buffered requests, at most KW__FRAMES_PER_READ per
- * call, stopping while one is under way; frames left over are served on
- * the next loop iteration (the backlog), so one pipelining client cannot
- * hold the loop.  A protocol error gets one ERROR frame, then the
- * connection closes. */
+ * call, stopping while one is under way or the output queue is over its
+ * cap; frames left over are served on the next loop iteration (the
+ * backlog), so one pipelining client cannot hold the loop.  A protocol
+ * error gets one ERROR frame, then the connection closes. */
 static void process(kw__conn *c)
 {
     int n = 0;
-    for (; n < KW__FRAMES_PER_READ && !c->closing && !c->active; n++) {
+    for (; n < KW__FRAMES_PER_READ && may_serve(c); n++) {
         kw_msg m;
         size_t used = 0;
         int rc = kw_proto_parse_request(c->buf, c->len, &m, &used);
@@ -252,16 +323,15 @@ static void process(kw__conn *c)
             return;
         }
         c->d->requests++;
+        kw__alloc_fail = kw__alloc_fail_type == m.type; /* tests only */
         kw__daemon_dispatch(c, &m);
+        kw__alloc_fail = false;
         kw_msg_destroy(&m);
         memmove(c->buf, c->buf + used, c->len - used);
         c->len -= used;
-        if (c->active != NULL && !c->paused && !c->closing) {
-            uv_read_stop((uv_stream_t *)&c->pipe); /* one request at a time */
-            c->paused = true;
-        }
+        update_reading(c); /* one request at a time; the output cap */
     }
-    if (n == KW__FRAMES_PER_READ && !c->closing && !c->active && c->len > 0)
+    if (n == KW__FRAMES_PER_READ && may_serve(c) && c->len > 0)
         backlog_add(c);
 }
 
@@ -269,6 +339,8 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *b)
 {
     kw__conn *c = h->data;
     (void)suggested;
+    if (c->refusing) /* input is only drained */
+        c->len = 0;
     /* Never more than the largest request: the per-connection cap. */
     b->base = (char *)c->buf + c->len;
     b->len = KW_PROTO_MAX_REQUEST - c->len;
@@ -284,6 +356,8 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b)
     }
     /* UV_ENOBUFS (a full buffer: impossible for valid requests, which
      * parse before the cap), EOF and errors all end the connection. */
+    if (c->refusing)
+        return;
     c->len += (size_t)n;
     uv_timer_again(&c->idle);
     process(c);
@@ -301,55 +375,36 @@ void kw__conn_request_done(kw__conn *c)
     if (c->closing || c->d->stopping)
         return; /* stopping: the connection closes after its last frame */
     uv_timer_again(&c->idle);
+    update_reading(c);
     process(c);
-    if (!c->closing && !c->active && c->paused) {
-        c->paused = false;
-        uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read);
-    }
 }
 
 static void on_idle(uv_timer_t *t)
 {
     kw__conn *c = t->data;
-    if (c->active != NULL)
-        return; /* a long warmup is not idleness */
-    KW_LOG(KW_LOG_INFO, "uid %u: idle for %u ms; closing", (unsigned)c->uid,
-           c->d->opts->idle_timeout_ms);
+    kw__daemon *d = c->d;
+    uint64_t stalled = uv_now(&d->loop) - c->progress_at;
+    if (c->queued > 0 && stalled >= d->opts->idle_timeout_ms) {
+        KW_LOG(KW_LOG_WARNING, "uid %u: %zu bytes of replies unread for %u ms; "
+               "closing", (unsigned)c->uid, c->queued, d->opts->idle_timeout_ms);
+        kw__conn_close(c);
+        return;
+    }
+    if (c->active != NULL || c->queued > 0)
+        return; /* a long warmup, or a reader still reading, is not idle */
+    if (!c->refusing)
+        KW_LOG(KW_LOG_INFO, "uid %u: idle for %u ms; closing", (unsigned)c->uid,
+               d->opts->idle_timeout_ms);
     kw__conn_close(c);
 }
 
-/* True when the peer's uid or gid is allowed (default: ours and root). */
-static bool peer_allowed(const kw__daemon *d, uid_t uid, gid_t gid)
+void kw__conn_start(kw__conn *c, unsigned idle_ms)
 {
-    const kw_daemon_opts *o = d->opts;
-    if (o->nallow_uid == 0 && o->nallow_gid == 0)
-        return uid == 0 || uid == getuid();
-    for (size_t i = 0; i < o->nallow_uid; i++)
-        if (o->allow_uid[i] == uid)
-            return true;
-    for (size_t i = 0; i < o->nallow_gid; i++)
-        if (o->allow_gid[i] == gid)
-            return true;
-    return false;
+    uv_timer_start(&c->idle, on_idle, idle_ms, idle_ms);
+    update_reading(c);
 }
 
-/* Reads SO_PEERCRED of the accepted pipe into c. */
-static int peer_creds(kw__conn *c)
-{
-    uv_os_fd_t fd;
-    struct ucred cr;
-    socklen_t len = sizeof cr;
-    if (uv_fileno((uv_handle_t *)&c->pipe, &fd) < 0 ||
-        getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0)
-        return -errno;
-    c->uid = cr.uid;
-    c->gid = cr.gid;
-    return 0;
-}
-
-/* Sets up a new connection's handles and buffer; NULL when out of memory
- * or the accept fails. */
-static kw__conn *conn_new(kw__daemon *d)
+kw__conn *kw__conn_new(kw__daemon *d)
 {
     kw__conn *c = calloc(1, sizeof *c);
     uint8_t *buf = malloc(KW_PROTO_MAX_REQUEST);
@@ -364,181 +419,11 @@ static kw__conn *conn_new(kw__daemon *d)
     uv_timer_init(&d->loop, &c->idle);
     c->pipe.data = c->idle.data = c;
     c->handles = 2;
+    c->progress_at = uv_now(&d->loop);
     c->next = d->conns;
     if (d->conns)
         d->conns->prev = c;
     d->conns = c;
     d->nconns++;
     return c;
-}
-
-/* Accepts the pending connection; false when it could not be set up. */
-static bool accept_one(kw__daemon *d)
-{
-    kw__conn *c = conn_new(d);
-    if (c == NULL)
-        return false;
-    if (uv_accept((uv_stream_t *)&d->listener, (uv_stream_t *)&c->pipe) < 0) {
-        kw__conn_close(c);
-        return false;
-    }
-    if (peer_creds(c) < 0 || !peer_allowed(d, c->uid, c->gid)) {
-        KW_LOG(KW_LOG_WARNING, "refused a client of uid %u gid %u",
-               (unsigned)c->uid, (unsigned)c->gid);
-        d->refused++;
-        kw__conn_error(c, -EACCES, "this uid/gid may not use kwarmd", true);
-        return true;
-    }
-    uv_timer_start(&c->idle, on_idle, d->opts->idle_timeout_ms,
-                   d->opts->idle_timeout_ms);
-    uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read);
-    return true;
-}
-
-static void on_connection(uv_stream_t *l, int status)
-{
-    kw__daemon *d = l->data;
-    if (status < 0 || d->stopping)
-        return;
-    /* libuv hands over one accepted socket per callback (uv_accept may be
-     * called once), so the per-event work is bounded already. */
-    accept_one(d);
-}
-
-/* ---- the outbox: frames from job and warm threads -------------------- */
-
-void kw__daemon_post(kw__daemon *d, kw__out *o)
-{
-    o->next = NULL;
-    pthread_mutex_lock(&d->out_mu);
-    if (d->out_tail != NULL)
-        d->out_tail->next = o;
-    else
-        d->out_head = o;
-    d->out_tail = o;
-    pthread_mutex_unlock(&d->out_mu);
-    uv_async_send(&d->outbox);
-}
-
-/* Sends or drops one posted item, then ends its request when done.  While
- * stopping, the connection closes after a request's last frame. */
-static void deliver(kw__daemon *d, kw__out *o)
-{
-    kw__req *r = o->req;
-    kw__conn *c = kw__req_conn(r);
-    bool close_after = o->done && d->stopping;
-    if (o->on_loop != NULL)
-        o->on_loop(r);
-    if (o->frame != NULL && !c->closing)
-        send_frame(c, o->frame, o->len, close_after);
-    else
-        free(o->frame);
-    if (close_after && o->frame == NULL)
-        kw__conn_close(c);
-    if (o->done)
-        kw__daemon_request_end(r);
-    free(o);
-}
-
-/* The outbox's async callback: drains the whole queue (sends coalesce). */
-static void on_outbox(uv_async_t *h)
-{
-    kw__daemon *d = h->data;
-    pthread_mutex_lock(&d->out_mu);
-    kw__out *list = d->out_head;
-    d->out_head = d->out_tail = NULL;
-    pthread_mutex_unlock(&d->out_mu);
-    while (list != NULL) {
-        kw__out *next = list->next;
-        deliver(d, list);
-        list = next;
-    }
-}
-
-int kw__daemon_outbox_init(kw__daemon *d)
-{
-    int rc = -pthread_mutex_init(&d->out_mu, NULL);
-    if (rc == 0 && (rc = uv_async_init(&d->loop, &d->outbox, on_outbox)) < 0)
-        pthread_mutex_destroy(&d->out_mu);
-    d->outbox.data = d;
-    return rc;
-}
-
-/* Refuses a socket path that does not fit sun_path (never truncates). */
-static int check_path(const char *path, char *err, size_t errlen)
-{
-    struct sockaddr_un sa;
-    if (strlen(path) >= sizeof sa.sun_path) {
-        snprintf(err, errlen, "--socket: %s: longer than %zu bytes", path,
-                 sizeof sa.sun_path - 1);
-        return KW_EINVAL;
-    }
-    return 0;
-}
-
-/* A socket file left at path: another kwarmd answering on it is an
- * error; a dead one (ECONNREFUSED) is removed so we can bind. */
-static int clear_stale(const char *path, char *err, size_t errlen)
-{
-    struct stat st;
-    if (lstat(path, &st) < 0)
-        return errno == ENOENT ? 0 : -errno;
-    if (!S_ISSOCK(st.st_mode)) {
-        snprintf(err, errlen, "--socket: %s exists and is not a socket", path);
-        return -EEXIST;
-    }
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    memcpy(sa.sun_path, path, strlen(path) + 1);
-    int rc = fd < 0 ? -errno : connect(fd, (struct sockaddr *)&sa, sizeof sa);
-    int e = errno;
-    if (fd >= 0)
-        close(fd);
-    if (rc == 0) {
-        snprintf(err, errlen, "--socket: %s: another kwarmd is serving it", path);
-        return -EADDRINUSE;
-    }
-    if (e != ECONNREFUSED) {
-        snprintf(err, errlen, "--socket: %s: %s", path, strerror(e));
-        return -e;
-    }
-    return unlink(path) < 0 ? -errno : 0;
-}
-
-/* Binds a new socket at path, created with its final mode: the umask is
- * set around bind, so there is no window of wrong permissions. */
-static int bind_socket(kw__daemon *d, char *err, size_t errlen)
-{
-    const char *path = d->opts->socket_path;
-    int rc = check_path(path, err, errlen);
-    if (rc == 0)
-        rc = clear_stale(path, err, errlen);
-    if (rc < 0)
-        return rc;
-    mode_t old = umask(~d->opts->socket_mode & 0777);
-    rc = uv_pipe_bind(&d->listener, path);
-    umask(old);
-    if (rc < 0)
-        snprintf(err, errlen, "--socket: %s: %s", path, uv_strerror(rc));
-    return rc;
-}
-
-int kw__daemon_listen(kw__daemon *d, char *err, size_t errlen)
-{
-    int rc = uv_pipe_init(&d->loop, &d->listener, 0);
-    if (rc < 0)
-        return rc;
-    d->listener.data = d;
-    if (sd_listen_fds(1) >= 1) {
-        rc = uv_pipe_open(&d->listener, SD_LISTEN_FDS_START);
-        KW_LOG(KW_LOG_INFO, "listening on the socket systemd passed");
-    } else if ((rc = bind_socket(d, err, errlen)) == 0) {
-        d->bound = true;
-        KW_LOG(KW_LOG_INFO, "listening on %s", d->opts->socket_path);
-    }
-    if (rc == 0 && (rc = uv_listen((uv_stream_t *)&d->listener, 128,
-                                   on_connection)) < 0)
-        snprintf(err, errlen, "listen: %s", uv_strerror(rc));
-    d->listening = rc == 0;
-    return rc;
 }

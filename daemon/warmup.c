@@ -38,44 +38,53 @@ static size_t settled(const kw__req *r)
     return n;
 }
 
-/* Sends the batch as one PROGRESS frame and starts a new one. */
+/* Sends the batch as one PROGRESS frame and starts a new one.  Out of
+ * memory, the batch is lost and an error frame says so (the request
+ * goes on: its RESULT still counts every key). */
 static void flush_batch(kw__req *r)
 {
     if (r->batch_n == 0)
         return;
     cJSON *h = cJSON_CreateObject();
-    if (h != NULL) {
-        cJSON_AddNumberToObject(h, "done", (double)settled(r));
-        cJSON_AddNumberToObject(h, "total", (double)r->set.nkeys);
-        cJSON_AddItemToObject(h, "results", r->batch);
-    } else {
+    bool ok = h != NULL &&
+              cJSON_AddNumberToObject(h, "done", (double)settled(r)) != NULL &&
+              cJSON_AddNumberToObject(h, "total", (double)r->set.nkeys) != NULL &&
+              cJSON_AddItemToObject(h, "results", r->batch);
+    if (!ok)
         cJSON_Delete(r->batch);
-    }
     r->batch = NULL;
     r->batch_n = r->batch_bytes = 0;
-    kw__req_send(r, KW_PROTO_PROGRESS, h, false);
+    if (ok)
+        kw__req_send(r, KW_PROTO_PROGRESS, h, false);
+    else
+        kw__req_error(r, KW_ENOMEM, "warmup: results lost (out of memory)",
+                      false);
     cJSON_Delete(h);
 }
 
 /* The RESULT: counts only. */
 static void send_result(kw__req *r)
 {
-    cJSON *h = cJSON_CreateObject();
     static const char *const names[] = {"hits", "remote_hits", "compiled",
                                         "failed", "cancelled"};
-    if (h != NULL) {
-        cJSON_AddNumberToObject(h, "keys", (double)r->set.nkeys);
-        for (size_t i = 0; i <= KW_WARM_CANCELLED; i++)
-            cJSON_AddNumberToObject(h, names[i], (double)r->count[i]);
-        cJSON_AddNumberToObject(h, "seconds", now_s() - r->t0);
-        if (cJSON_GetObjectItemCaseSensitive(r->header, "pin") != NULL)
-            cJSON_AddBoolToObject(h, "pinned", !r->pin_failed);
+    cJSON *h = cJSON_CreateObject();
+    bool ok = h != NULL &&
+              cJSON_AddNumberToObject(h, "keys", (double)r->set.nkeys) != NULL;
+    for (size_t i = 0; ok && i <= KW_WARM_CANCELLED; i++)
+        ok = cJSON_AddNumberToObject(h, names[i], (double)r->count[i]) != NULL;
+    ok = ok && cJSON_AddNumberToObject(h, "seconds", now_s() - r->t0) != NULL;
+    if (ok && cJSON_GetObjectItemCaseSensitive(r->header, "pin") != NULL)
+        ok = cJSON_AddBoolToObject(h, "pinned", !r->pin_failed) != NULL;
+    if (!ok) {
+        cJSON_Delete(h);
+        h = NULL; /* kw__req_send answers KW_ENOMEM and ends the request */
     }
     kw__req_send(r, KW_PROTO_RESULT, h, true);
     cJSON_Delete(h);
 }
 
-/* One key's entry in the batch; false when out of memory. */
+/* One key's entry in the batch; false when out of memory (the entry is
+ * then left out: the RESULT's counts stay whole). */
 static bool add_result(kw__req *r, const kw_warm_result *res)
 {
     char hex[KW_KEYS_HEX_LEN];
@@ -83,23 +92,26 @@ static bool add_result(kw__req *r, const kw_warm_result *res)
     if (r->batch == NULL && (r->batch = cJSON_CreateArray()) == NULL)
         return false;
     cJSON *o = cJSON_CreateObject();
-    if (o == NULL)
-        return false;
-    cJSON_AddItemToArray(r->batch, o);
-    cJSON_AddNumberToObject(o, "index", (double)res->index);
-    cJSON_AddStringToObject(o, "digest", hex);
-    cJSON_AddStringToObject(o, "family", kw_keys_family_name(res->key->family));
-    cJSON_AddStringToObject(o, "arch", res->key->arch);
-    cJSON_AddStringToObject(o, "status", kw_warm_status_name(res->status));
-    r->batch_bytes += 160;
-    if (res->status == KW_WARM_FAILED) {
-        cJSON_AddStringToObject(o, "error", kw_strerror(res->rc));
-        if (res->log != NULL) {
-            cJSON_AddStringToObject(o, "log", res->log);
-            /* JSON escaping can grow a log to 6 bytes a byte. */
-            r->batch_bytes += 6 * strlen(res->log);
-        }
+    bool ok = o != NULL &&
+              cJSON_AddNumberToObject(o, "index", (double)res->index) != NULL &&
+              cJSON_AddStringToObject(o, "digest", hex) != NULL &&
+              cJSON_AddStringToObject(o, "family",
+                                      kw_keys_family_name(res->key->family)) &&
+              cJSON_AddStringToObject(o, "arch", res->key->arch) != NULL &&
+              cJSON_AddStringToObject(o, "status",
+                                      kw_warm_status_name(res->status)) != NULL;
+    if (ok && res->status == KW_WARM_FAILED) {
+        ok = cJSON_AddStringToObject(o, "error", kw_strerror(res->rc)) != NULL &&
+             (res->log == NULL ||
+              cJSON_AddStringToObject(o, "log", res->log) != NULL);
+        /* JSON escaping can grow a log to 6 bytes a byte. */
+        r->batch_bytes += res->log ? 6 * strlen(res->log) : 0;
     }
+    if (!ok || !cJSON_AddItemToArray(r->batch, o)) {
+        cJSON_Delete(o);
+        return false;
+    }
+    r->batch_bytes += 160;
     r->batch_n++;
     return true;
 }

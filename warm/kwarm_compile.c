@@ -55,6 +55,7 @@ const char *__asan_default_options(void)
 /* What the test hooks of pool.h ask for (all off in production). */
 typedef struct hooks {
     bool instant;
+    size_t instant_size; /* bytes of the stand-in cubin (256 by default) */
     int crash_family; /* -1: none */
     int hang_family;
 } hooks;
@@ -75,7 +76,10 @@ static int hook_family(const char *var)
 static void hooks_load(hooks *h)
 {
     const char *v = getenv("KWARM_TEST_INSTANT_COMPILE");
-    h->instant = v != NULL && strcmp(v, "1") == 0;
+    /* "1", or the stand-in cubin's size in bytes (256 .. 16 MiB) */
+    long size = v != NULL ? strtol(v, NULL, 10) : 0;
+    h->instant = size >= 1;
+    h->instant_size = size > 256 && size <= (16l << 20) ? (size_t)size : 256;
     h->crash_family = hook_family("KWARM_TEST_CRASH_FAMILY");
     h->hang_family = hook_family("KWARM_TEST_HANG_FAMILY");
 }
@@ -248,12 +252,17 @@ static int send_response(int rc, double secs, const char *entry,
 }
 
 /* The instant test mode: a 256-byte fake cubin, the digest 8 times. */
-static int answer_instant(const kw_keys_key *k)
+static int answer_instant(const kw_keys_key *k, size_t size)
 {
-    uint8_t fake[8 * KW_KEYS_DIGEST_LEN];
-    for (size_t i = 0; i < sizeof fake; i += KW_KEYS_DIGEST_LEN)
-        memcpy(fake + i, k->digest, KW_KEYS_DIGEST_LEN);
-    return send_response(0, 0.0, "kw_test_entry", NULL, fake, sizeof fake);
+    uint8_t *fake = malloc(size);
+    if (fake == NULL)
+        return -1;
+    for (size_t i = 0; i < size; i += KW_KEYS_DIGEST_LEN)
+        memcpy(fake + i, k->digest,
+               size - i < KW_KEYS_DIGEST_LEN ? size - i : KW_KEYS_DIGEST_LEN);
+    int rc = send_response(0, 0.0, "kw_test_entry", NULL, fake, size);
+    free(fake);
+    return rc;
 }
 
 #ifndef KW_ASAN
@@ -309,7 +318,7 @@ static int answer_compile(const kw_keys_key *k, const hooks *h)
     while ((int)k->family == h->hang_family)
         pause();
     if (h->instant)
-        return answer_instant(k);
+        return answer_instant(k, h->instant_size);
     kw_jit_result r;
     int rc = kw_keys_compile(k, false, &r);
     const char *entry = rc == 0 ? r.lowered_name : NULL;
