@@ -1,9 +1,10 @@
 /* keys.c: deriving the compile keys of §4 and the sizes of §5.
  *
- * Each family's loops are written as in the spec, for one rank at a time;
- * kw_keys_derive() runs them for every rank the deployment names, keeps the
- * first of equal keys (a hash index over the fields), then crosses the
- * result with every arch and digests each key.
+ * Each family's loops are written as in the spec, for one rank at a time,
+ * in kernels/derive.c (the family table); kw_keys_derive() runs them for
+ * every rank the deployment names, keeps the first of equal keys (a hash
+ * index over the fields), then crosses the result with every arch and
+ * digests each key.
  */
 #include "kw_keys.h"
 
@@ -26,14 +27,6 @@ typedef struct keyvec {
     size_t icap;     /* power of two, at least 2 * cap */
     int rc;          /* first error; later adds are no-ops */
 } keyvec;
-
-/* Specialization class of §3, as Triton specializes integer arguments. */
-static int64_t rep(int64_t v)
-{
-    if (v == 1)
-        return 1;
-    return v % 16 == 0 ? 16 : 2;
-}
 
 static uint64_t row_hash(const int64_t *row, size_t n)
 {
@@ -93,179 +86,45 @@ static void keyvec_destroy(keyvec *kv)
     free(kv->index);
 }
 
-/* What one rank's derivation reads: the resolved deployment with R fixed. */
+/* What a derivation reads: kernels/' inputs (the resolved deployment),
+ * whose rank derive_family() sets for each rank it runs. */
 typedef struct derive_in {
-    const kw_config_model *m;
+    kw_k_derive_in k;
     const kw_config_deploy *d;
-    int64_t rank;
-    const int64_t *ratios_p, *ratios_s;
-    size_t nratios_p, nratios_s;
 } derive_in;
 
-/* §4.1 prefill_chunk_metadata. */
-static void derive_prefill(const derive_in *in, keyvec *kv)
+/* kw_k_add_fn over a keyvec. */
+static void add_row(void *ctx, const int64_t *fields)
 {
-    const kw_config_deploy *d = in->d;
-    int64_t mt = d->max_num_batched_tokens < 8 ? d->max_num_batched_tokens : 8;
-    int64_t m = mt > 1 ? mt : 1;
-    int64_t starts[3] = {0, 1, 2}, stops[3] = {1, 2 * m - 1, 2 * m};
-    int64_t geo[2][3] = {{d->dcp_world > 1 ? in->rank : 0, d->dcp_world,
-                          d->dcp_interleave}, {0, 1, 1}};
-    size_t ngeo = d->pcp > 1 ? 2 : 1;
-    for (int a = 0; a < 3; a++)
-        for (int b = 0; b < 3; b++)
-            for (size_t g = 0; g < ngeo; g++)
-                for (size_t r = 0; r < in->nratios_p; r++)
-                    for (int al = 1; al >= 0; al--) {
-                        int64_t row[KW_KEYS_MAX_FIELDS] = {
-                            rep(starts[a]), rep(stops[b]), rep(geo[g][0]),
-                            rep(geo[g][1]), rep(geo[g][2]), 1024,
-                            in->ratios_p[r], al};
-                        keyvec_add(kv, row);
-                    }
+    keyvec_add(ctx, fields);
 }
 
-/* §4.2 compressed_slot_mapping. */
-static void derive_slot_mapping(const derive_in *in, keyvec *kv)
-{
-    const kw_config_deploy *d = in->d;
-    int64_t geo[2][3] = {{1, 0, 1},
-                         {d->dcp_world, in->rank, d->dcp_interleave}};
-    size_t ngeo = d->dcp_world > 1 ? 2 : 1;
-    for (size_t r = 0; r < in->nratios_s; r++)
-        for (size_t g = 0; g < ngeo; g++) {
-            int64_t ratio = in->ratios_s[r];
-            int64_t row[KW_KEYS_MAX_FIELDS] = {
-                ratio, 1024, rep(d->block_size / ratio), geo[g][0], geo[g][1],
-                geo[g][2]};
-            keyvec_add(kv, row);
-        }
-}
-
-/* vLLM's block-table width (§4.3): blocks for max_model_len over the DCP
- * world, rounded up to a multiple of 128 / gcd(128, block_size). */
-static int64_t block_table_width(const kw_config_deploy *d)
-{
-    int64_t per = d->block_size * d->dcp_world; /* < 2^62 */
-    int64_t n = (d->max_model_len + per - 1) / per;
-    int64_t g = 128, b = d->block_size;
-    while (b != 0) {
-        int64_t t = g % b;
-        g = b;
-        b = t;
-    }
-    int64_t mult = 128 / g;
-    return (n + mult - 1) / mult * mult;
-}
-
-/* §4.3 index_conversion. */
-static void derive_index_conversion(const derive_in *in, keyvec *kv)
-{
-    const kw_config_deploy *d = in->d;
-    int64_t topk = in->m->index_topk, W = d->dcp_world, R = in->rank;
-    int64_t I = d->dcp_interleave;
-    bool pow2 = (topk & (topk - 1)) == 0;
-    int64_t rows[6][6] = {
-        {0, 0, 0, 1, 0, 1}, {0, 1, 1, 1, 0, 1}, {1, 1, 1, 1, 0, 1},
-        {0, 1, 0, W, R, I}, {0, 1, W > 1, W, R, I}, {1, 1, 1, W, R, I}};
-    size_t nrows = d->pcp > 1 && W > 1 ? 6 : 5;
-    int64_t width = rep(block_table_width(d));
-    for (size_t i = 0; i < nrows; i++) {
-        bool single = rows[i][1] && pow2;
-        int64_t row[KW_KEYS_MAX_FIELDS] = {
-            d->block_size, d->block_stride_rows, single ? topk : 128, single,
-            single ? 8 : 4, rows[i][0], rows[i][1], rows[i][2], rows[i][3],
-            rows[i][4], rows[i][5], topk, width};
-        keyvec_add(kv, row);
-    }
-}
-
-/* §4.4 dcp_pack_topk_candidates. */
-static void derive_pack(const derive_in *in, keyvec *kv)
-{
-    const kw_config_deploy *d = in->d;
-    if (d->dcp_world <= 1)
-        return;
-    for (int hrs = 0; hrs < 2; hrs++) {
-        int64_t row[KW_KEYS_MAX_FIELDS] = {
-            in->rank, d->dcp_world, d->dcp_interleave, hrs,
-            in->m->index_topk, 512};
-        keyvec_add(kv, row);
-    }
-}
-
-/* §4.5 dcp_stable_topk. */
-static void derive_stable_topk(const derive_in *in, keyvec *kv)
-{
-    if (in->d->dcp_world <= 1)
-        return;
-    int64_t row[KW_KEYS_MAX_FIELDS] = {
-        in->m->index_topk, in->m->index_topk * in->d->dcp_world};
-    keyvec_add(kv, row);
-}
-
-/* §4.6 indexer_logits: one prefill key, one decode key per ratio. */
-static void derive_logits(const derive_in *in, keyvec *kv)
-{
-    const kw_config_model *m = in->m;
-    if (!m->has_index_n_heads || !m->has_index_head_dim)
-        return;
-    int64_t pre[KW_KEYS_MAX_FIELDS] = {m->index_n_heads, m->index_head_dim,
-                                       0, 0, 1};
-    keyvec_add(kv, pre);
-    for (size_t r = 0; r < in->nratios_p; r++) {
-        int64_t row[KW_KEYS_MAX_FIELDS] = {
-            m->index_n_heads, m->index_head_dim, 1,
-            in->d->block_size / in->ratios_p[r],
-            1 + in->d->num_speculative_tokens};
-        keyvec_add(kv, row);
-    }
-}
-
-/* §4.7 indexer_topk. */
-static void derive_indexer_topk(const derive_in *in, keyvec *kv)
-{
-    for (int win = 1; win >= 0; win--) {
-        int64_t row[KW_KEYS_MAX_FIELDS] = {in->m->index_topk, win};
-        keyvec_add(kv, row);
-    }
-}
-
-typedef void (*derive_fn)(const derive_in *, keyvec *);
-
-static const derive_fn derivers[KW_K_NFAMILIES] = {
-    [KW_K_PREFILL_CHUNK_METADATA] = derive_prefill,
-    [KW_K_COMPRESSED_SLOT_MAPPING] = derive_slot_mapping,
-    [KW_K_INDEX_CONVERSION] = derive_index_conversion,
-    [KW_K_DCP_PACK_TOPK_CANDIDATES] = derive_pack,
-    [KW_K_DCP_STABLE_TOPK] = derive_stable_topk,
-    [KW_K_INDEXER_LOGITS] = derive_logits,
-    [KW_K_INDEXER_TOPK] = derive_indexer_topk,
-};
-
-/* Runs one family's loops over every rank of the deployment.  Ranks whose
- * keys cannot differ from an earlier rank's are skipped: prefill keys see a
- * rank only through rep(R), so at most three ranks matter there. */
+/* Runs one family's loops (kernels/derive.c) over every rank of the
+ * deployment.  Ranks whose keys cannot differ from an earlier rank's are
+ * skipped: a family that sees the rank only through rep(R) needs at most
+ * three ranks, one that does not see it, one. */
 static int derive_family(derive_in *in, kw_k_family f, keyvec *kv)
 {
     const kw_config_deploy *d = in->d;
     bool all = d->dcp_rank == KW_CONFIG_RANK_ALL;
     int64_t first = all ? 0 : d->dcp_rank, last = all ? d->dcp_world - 1 : first;
+    kw_k_rank_use use = kw_k_family_rank_use(f);
     bool seen[3] = {false, false, false};
     kv->family = f;
     kv->nfields = kw_keys_nfields(f);
-    /* The indexer families do not depend on the rank (§4.6, §4.7). */
-    if (f == KW_K_INDEXER_LOGITS || f == KW_K_INDEXER_TOPK)
+    if (use == KW_K_RANK_NONE)
         last = first;
     for (int64_t r = first; r <= last && kv->rc == 0; r++) {
-        if (f == KW_K_PREFILL_CHUNK_METADATA) {
-            int cls = rep(r) == 1 ? 0 : rep(r) == 2 ? 1 : 2;
+        if (use == KW_K_RANK_REP) {
+            int cls = r == 1 ? 0 : r % 16 == 0 ? 2 : 1; /* rep(r) of §3 */
             if (seen[cls])
                 continue;
             seen[cls] = true;
         }
-        in->rank = r;
-        derivers[f](in, kv);
+        in->k.rank = r;
+        int rc = kw_k_derive(f, &in->k, add_row, kv);
+        if (rc < 0)
+            return rc;
     }
     return kv->rc;
 }
@@ -324,27 +183,32 @@ static int emit(const keyvec *kv, const kw_config_deploy *d,
     return 0;
 }
 
-/* Fills the ratio lists and refuses a rank sweep that cannot fit. */
+/* Fills kernels/' derivation inputs from the model and deployment, and
+ * refuses a rank sweep that cannot fit. */
 static int derive_setup(derive_in *in, int64_t *rp, int64_t *rs,
                         const kw_config_model *m, const kw_config_deploy *d,
                         char *err, size_t errlen)
 {
     memset(in, 0, sizeof *in);
-    in->m = m;
     in->d = d;
-    in->ratios_p = rp;
-    in->ratios_s = rs;
-    in->nratios_p = kw_config_ratios_p(m, rp);
-    in->nratios_s = kw_config_ratios_s(m, rs);
+    in->k = (kw_k_derive_in){
+        .index_topk = m->index_topk,
+        .index_n_heads = m->has_index_n_heads ? m->index_n_heads : 0,
+        .index_head_dim = m->has_index_head_dim ? m->index_head_dim : 0,
+        .ratios_p = rp, .ratios_s = rs,
+        .nratios_p = kw_config_ratios_p(m, rp),
+        .nratios_s = kw_config_ratios_s(m, rs),
+        .dcp_world = d->dcp_world, .dcp_interleave = d->dcp_interleave,
+        .pcp = d->pcp, .max_num_batched_tokens = d->max_num_batched_tokens,
+        .block_size = d->block_size, .max_model_len = d->max_model_len,
+        .block_stride_rows = d->block_stride_rows,
+        .num_speculative_tokens = d->num_speculative_tokens};
     /* Every rank adds at least one key of its own (index_conversion). */
     if (d->dcp_rank == KW_CONFIG_RANK_ALL &&
         (uint64_t)d->dcp_world * d->narch > KW_KEYS_MAX) {
         kw__config_errf(err, errlen, "--dcp-rank: 'all' over dcp_world %lld "
-                        "on %zu arch%s derives at least %llu keys, over the "
-                        "limit of %u keys a request; pass one rank",
-                        (long long)d->dcp_world, (size_t)d->narch,
-                        d->narch == 1 ? "" : "s",
-                        (unsigned long long)d->dcp_world * d->narch, KW_KEYS_MAX);
+                        "derives more than %u keys; pass one rank",
+                        (long long)d->dcp_world, KW_KEYS_MAX);
         return KW_EDEPLOY;
     }
     return 0;

@@ -28,9 +28,10 @@ typedef struct field_desc {
 } field_desc;
 
 /* Everything kernels/, jit/ and the check harness know about a family, in
- * one row: names, fields, launch geometry, CPU reference, case builder and
- * shape presets.  jit/ reads the names, fields and their kinds from here
- * (registry.c); the harness (case.c) reads gen, cpu and presets. */
+ * one row: names, fields, launch geometry, key loops, CPU reference, case
+ * builder and shape presets.  jit/ reads the names, fields, kinds and key
+ * loops from here (registry.c, keys.c); the harness (case.c) reads gen,
+ * cpu and presets. */
 typedef struct family_desc {
     const char *name;
     const char *source;
@@ -42,6 +43,8 @@ typedef struct family_desc {
     unsigned (*threads)(const int64_t *fields);
     unsigned (*shmem)(const int64_t *fields); /* NULL: none */
     int (*extra_check)(const int64_t *fields); /* NULL: none */
+    kw__k_derive_fn derive;    /* its keys for one rank (§4) */
+    kw_k_rank_use rank_use;
     kw__k_gen_fn gen;
     kw__k_cpu_fn cpu;
     /* {rows, batch, cols, max_len} of the edge, medium and production
@@ -132,14 +135,16 @@ static const family_desc families[KW_K_NFAMILIES] = {
       {"dcp_rank", F_REP}, {"dcp_world", F_REP}, {"dcp_interleave", F_REP},
       {"block_size", F_THREADS}, {"compress_ratio", F_POS},
       {"uncompressed_seq_lens_aligned", F_BOOL}},
-     -1, -1, threads_pcm, NULL, NULL, kw__k_gen_pcm, kw__k_cpu_pcm,
+     -1, -1, threads_pcm, NULL, NULL, kw__k_derive_pcm, KW_K_RANK_REP,
+     kw__k_gen_pcm, kw__k_cpu_pcm,
      {{37, 5, 0, 300}, {3000, 40, 0, 20000}, {8192, 256, 0, 163840}}, false},
     {"compressed_slot_mapping", "compressed_slot_mapping.cu",
      "kw_k_compressed_slot_mapping", 6,
      {{"compress_ratio", F_POS}, {"triton_block_size", F_THREADS},
       {"block_size", F_REP}, {"dcp_world_size", F_POS},
       {"dcp_rank", F_NONNEG}, {"cp_kv_cache_interleave_size", F_POS}},
-     3, 4, threads_csm, NULL, NULL, kw__k_gen_csm, kw__k_cpu_csm,
+     3, 4, threads_csm, NULL, NULL, kw__k_derive_csm, KW_K_RANK_EXACT,
+     kw__k_gen_csm, kw__k_cpu_csm,
      {{70, 5, 0, 600}, {20000, 40, 0, 40000}, {16777216, 256, 0, 131072}},
      false},
     {"index_conversion", "index_conversion.cu", "kw_k_index_conversion", 13,
@@ -149,31 +154,36 @@ static const family_desc families[KW_K_NFAMILIES] = {
       {"compact_to_front", F_BOOL}, {"dcp_size", F_POS},
       {"dcp_rank", F_NONNEG}, {"dcp_interleave", F_POS},
       {"num_topk_tokens", F_POS}, {"block_table_stride", F_REP}},
-     8, 9, threads_ic, NULL, NULL, kw__k_gen_ic, kw__k_cpu_ic,
+     8, 9, threads_ic, NULL, NULL, kw__k_derive_ic, KW_K_RANK_EXACT,
+     kw__k_gen_ic, kw__k_cpu_ic,
      {{9, 3, 0, 4096}, {300, 16, 0, 65536}, {65536, 256, 0, 163840}}, false},
     {"dcp_pack_topk_candidates", "dcp_pack_topk_candidates.cu",
      "kw_k_dcp_pack_topk_candidates", 6,
      {{"dcp_rank", F_NONNEG}, {"dcp_world_size", F_POS},
       {"cp_interleave", F_POS}, {"has_row_starts", F_BOOL}, {"topk", F_POS},
       {"block_size", F_THREADS}},
-     1, 0, threads_pack, NULL, NULL, kw__k_gen_pack, kw__k_cpu_pack,
+     1, 0, threads_pack, NULL, NULL, kw__k_derive_pack,
+     KW_K_RANK_EXACT, kw__k_gen_pack, kw__k_cpu_pack,
      {{5, 0, 300, 0}, {200, 0, 5000, 0}, {16384, 0, 4096, 0}}, false},
     {"dcp_stable_topk", "dcp_stable_topk.cu", "kw_k_dcp_stable_topk", 2,
      {{"topk", F_POS}, {"num_candidates", F_POS}},
-     -1, -1, threads_stable, NULL, NULL, kw__k_gen_topk, kw__k_cpu_topk,
+     -1, -1, threads_stable, NULL, NULL, kw__k_derive_topk,
+     KW_K_RANK_EXACT, kw__k_gen_topk, kw__k_cpu_topk,
      {{6, 0, 0, 0}, {64, 0, 0, 0}, {256, 0, 0, 0}}, false},
     /* rows: queries (prefill) or requests (decode); cols: K rows (prefill)
      * or max_rows (decode). */
     {"indexer_logits", "indexer_logits.cu", "kw_k_indexer_logits", 5,
      {{"heads", F_HEADS}, {"head_dim", F_HDIM}, {"paged", F_BOOL},
       {"page_rows", F_NONNEG}, {"next_n", F_NEXTN}},
-     -1, -1, threads_256, shmem_logits, check_logits, kw__k_gen_logits,
+     -1, -1, threads_256, shmem_logits, check_logits,
+     kw__k_derive_logits, KW_K_RANK_NONE, kw__k_gen_logits,
      kw__k_cpu_logits,
      {{13, 3, 300, 0}, {40, 4, 1500, 0}, {4096, 128, 65536, 0}}, true},
     /* rows x cols of logits; windows inside the row. */
     {"indexer_topk", "indexer_topk.cu", "kw_k_indexer_topk", 2,
      {{"topk", F_TOPK}, {"windowed", F_BOOL}},
-     -1, -1, threads_512, shmem_itopk, NULL, kw__k_gen_itopk,
+     -1, -1, threads_512, shmem_itopk, NULL, kw__k_derive_itopk,
+     KW_K_RANK_NONE, kw__k_gen_itopk,
      kw__k_cpu_itopk,
      {{12, 0, 700, 0}, {64, 0, 20000, 0}, {4096, 0, 65536, 0}}, false},
 };
@@ -345,6 +355,25 @@ int kw_k_compile_arch(kw_k_family f, const char *arch, char *buf, size_t cap)
     const char *suffix = d->sm90a && strcmp(arch, "sm_90") == 0 ? "a" : "";
     int n = snprintf(buf, cap, "%s%s", arch, suffix);
     return n < 0 || (size_t)n >= cap ? KW_ENOSPC : 0;
+}
+
+int kw_k_derive(kw_k_family f, const kw_k_derive_in *in, kw_k_add_fn add,
+                void *ctx)
+{
+    const family_desc *d = desc_of(f);
+    if (!d)
+        return KW_ENOFAMILY;
+    if (!in || !add || in->dcp_world < 1 || in->rank < 0 ||
+        in->rank >= in->dcp_world || in->block_size < 1)
+        return KW_EINVAL;
+    d->derive(in, add, ctx);
+    return 0;
+}
+
+kw_k_rank_use kw_k_family_rank_use(kw_k_family f)
+{
+    const family_desc *d = desc_of(f);
+    return d ? d->rank_use : KW_K_RANK_EXACT;
 }
 
 int kw__k_family_gen(kw_k_case *c, const kw_k_shape *s, kw__k_rng *g)

@@ -161,6 +161,18 @@ int kw__k_cpu_topk(const int64_t *fields, void **args);
 int kw__k_cpu_logits(const int64_t *fields, void **args);
 int kw__k_cpu_itopk(const int64_t *fields, void **args);
 
+/* Per-family key loops (derive.c), reached through the family table. */
+typedef void (*kw__k_derive_fn)(const kw_k_derive_in *in, kw_k_add_fn add,
+                                void *ctx);
+void kw__k_derive_pcm(const kw_k_derive_in *in, kw_k_add_fn add, void *ctx);
+void kw__k_derive_csm(const kw_k_derive_in *in, kw_k_add_fn add, void *ctx);
+void kw__k_derive_ic(const kw_k_derive_in *in, kw_k_add_fn add, void *ctx);
+void kw__k_derive_pack(const kw_k_derive_in *in, kw_k_add_fn add, void *ctx);
+void kw__k_derive_topk(const kw_k_derive_in *in, kw_k_add_fn add, void *ctx);
+void kw__k_derive_logits(const kw_k_derive_in *in, kw_k_add_fn add,
+                         void *ctx);
+void kw__k_derive_itopk(const kw_k_derive_in *in, kw_k_add_fn add, void *ctx);
+
 /* indexer_logits' reference with the absolute-value sums (mag, laid out
  * as the logits; NULL: none), for the harness's tolerance. */
 int kw__k_cpu_logits_mag(const int64_t *fields, void **args, double *mag);

@@ -181,6 +181,42 @@ unsigned kw_k_logits_queries(kw_k_family f, const int64_t *fields);
 int kw_k_compile_arch(kw_k_family f, const char *arch, char *buf, size_t cap);
 
 /* ------------------------------------------------------------------------
+ * Key derivation (spec/warmup-keys.md §4): each family's loops for one
+ * rank.  jit/ fills the inputs from a validated model and resolved
+ * deployment, runs the loops over the ranks the deployment names,
+ * de-duplicates, crosses with the archs and digests.
+ * ---------------------------------------------------------------------- */
+
+typedef struct kw_k_derive_in {
+    int64_t index_topk;
+    int64_t index_n_heads, index_head_dim; /* 0 when absent */
+    const int64_t *ratios_p, *ratios_s;    /* §4's ratio lists */
+    size_t nratios_p, nratios_s;
+    int64_t dcp_world, rank, dcp_interleave, pcp; /* rank: 0 <= R < W */
+    int64_t max_num_batched_tokens, block_size, max_model_len;
+    int64_t block_stride_rows, num_speculative_tokens;
+} kw_k_derive_in;
+
+/* Receives one key's fields (kw_k_nfields(f) values, valid for the call). */
+typedef void (*kw_k_add_fn)(void *ctx, const int64_t *fields);
+
+/* How a family's keys depend on the DCP rank, so a sweep over every rank
+ * can skip ranks that cannot add keys. */
+typedef enum kw_k_rank_use {
+    KW_K_RANK_EXACT = 0, /* the rank itself is a field */
+    KW_K_RANK_REP = 1,   /* only rep(rank) (§3) is */
+    KW_K_RANK_NONE = 2   /* not at all */
+} kw_k_rank_use;
+
+/* Runs f's loops for in->rank, calling add once per key (duplicates
+ * included).  0, or KW_ENOFAMILY / KW_EINVAL. */
+int kw_k_derive(kw_k_family f, const kw_k_derive_in *in, kw_k_add_fn add,
+                void *ctx);
+
+/* How f's keys depend on the rank; KW_K_RANK_EXACT for an unknown f. */
+kw_k_rank_use kw_k_family_rank_use(kw_k_family f);
+
+/* ------------------------------------------------------------------------
  * CPU references (spec/kernels.md), the oracle for tests and kwarm verify.
  * Host pointers; inputs are read, outputs written in full.  Each returns 0,
  * or KW_EINVAL (nothing written, or outputs partly written) when a pointer
