@@ -7,7 +7,8 @@
  * transaction), write.c (put, remove, pin, resize and the MDB_MAP_FULL
  * retry loop), read.c (get, borrow, contains, foreach, corrupt entries),
  * flush.c (hits recorded in memory and their flush), pins.c (named pin
- * sets, in-memory protection, plans), prefix.c (digest prefixes).
+ * sets), protect.c (guards, plans, pinned totals), hint.c (hits without
+ * B-tree lookups), prefix.c (digest prefixes).
  *
  * On-disk layout: one LMDB environment, six named databases.
  *   "meta"  digest (32 bytes) -> metadata record (record.c, versioned,

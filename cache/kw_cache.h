@@ -336,7 +336,8 @@ int kw_cache_flush(kw_cache *c);
  * Waits for a flush in progress, so nothing is counted twice or missed.
  * pinned_entries and pinned_bytes walk the metadata of every entry (0.5
  * to 1 µs each on the 2-core machine: 10 to 20 ms for 20,000): call it on
- * a timer or a request, not per hit.  0 or KW_ECACHE. */
+ * a timer or a request, not per hit, and not on a thread that must never
+ * wait for a write transaction (the flush it may wait for is one).  0 or KW_ECACHE. */
 int kw_cache_stats_get(kw_cache *c, kw_cache_stats *out);
 
 /* Calls fn for every entry, in digest order, inside one read transaction
