@@ -2,17 +2,28 @@
  * real kwarmd for a while: no request may fail, and the daemon's resident
  * memory and open descriptors must come back to their starting level.
  *
- * usage: bench_soak --kwarmd PATH [--clients N] [--seconds S] [--json FILE]
+ * usage: bench_soak --kwarmd PATH [--clients N] [--seconds S] [--hostile]
+ *                   [--json FILE]
  *
  * The daemon starts on a fresh cache, DeepSeek-V3.2 (W = 2) is warmed once,
  * then "before" is read from /proc/PID (RssAnon, entries of fd/); N clients
  * (default 200), one thread and connection each, loop for S seconds
  * (default 120) over: get of a random key (90%), warmup of the config (5%),
  * stats (5%); they disconnect, a last stats request settles the daemon, and
- * "after" is read.  Exit 1 on any failed request or on growth beyond 8 MiB
+ * "after" is read.
+ *
+ * --hostile (issue 11) adds, for the same time: a warmup of a new
+ * 5,000-key deployment every minute (compiles made instant by the test
+ * hook, so they cost kwarmd's own work only) with an evict of one of its
+ * keys after each; and the hostile clients of tests/test_daemon_hostile.c
+ * in a loop: one that pipelines gets and never reads, a slow reader, one
+ * sending random bytes, 100 idle connections, and connects and
+ * disconnects at full speed.  The well-behaved clients must still see no
+ * failed request.  Exit 1 on any failed request or on growth beyond 8 MiB
  * of anonymous resident memory or by any descriptor.
  */
 #include <dirent.h>
+#include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -38,6 +49,7 @@ typedef struct shared {
     size_t ndigests;
     double deadline;
     _Atomic uint64_t gets, warmups, stats, failed;
+    _Atomic uint64_t big_warmups, evicts, hostile_conns;
 } shared;
 
 static char *slurp(const char *path)
@@ -73,6 +85,8 @@ static void proc_usage(pid_t pid, long *rss_kb, long *fds)
     if (d)
         closedir(d);
 }
+
+#include "soak_hostile.h"
 
 /* One client: its own connection, the mix above until the deadline. */
 static void *client(void *arg)
@@ -149,6 +163,15 @@ int main(int argc, char **argv)
     const char *bin = NULL, *json = NULL;
     int nclients = 200;
     double secs = 120;
+    bool hostile = false;
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--hostile") == 0) {
+            hostile = true;
+            memmove(&argv[i], &argv[i + 1], (size_t)(argc - i) * sizeof *argv);
+            argc--;
+        }
+    if (hostile) /* the 5,000-key warmups cost kwarmd's work, not NVRTC's */
+        setenv("KWARM_TEST_INSTANT_COMPILE", "1", 1);
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--kwarmd") == 0)
             bin = argv[i + 1];
@@ -182,10 +205,17 @@ int main(int argc, char **argv)
     proc_usage(pid, &rss0, &fds0);
     pthread_t *t = calloc((size_t)nclients, sizeof *t);
     s.deadline = bench_now_ns() + secs * 1e9;
+    pthread_t extra[2];
     for (int i = 0; i < nclients; i++)
         pthread_create(&t[i], NULL, client, &s);
+    if (hostile) {
+        pthread_create(&extra[0], NULL, soak_big_warmups, &s);
+        pthread_create(&extra[1], NULL, soak_hostile, &s);
+    }
     for (int i = 0; i < nclients; i++)
         pthread_join(t[i], NULL);
+    for (int i = 0; hostile && i < 2; i++)
+        pthread_join(extra[i], NULL);
     for (int i = 0; i < 500 && daemon_connections(c) != 1; i++) /* bounded settle */
         nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
     /* kwarmd returns its idle heap on a timer tick (2 s): wait for it,
@@ -202,6 +232,10 @@ int main(int argc, char **argv)
            "%llu failed\n", nclients, secs, (unsigned long long)total,
            (unsigned long long)s.gets, (unsigned long long)s.warmups,
            (unsigned long long)s.stats, (unsigned long long)s.failed);
+    if (hostile)
+        printf("beside them: %llu warmups of about 5,000 new keys, %llu evicts, "
+               "%llu hostile connections\n", (unsigned long long)s.big_warmups,
+               (unsigned long long)s.evicts, (unsigned long long)s.hostile_conns);
     printf("kwarmd before: %ld KiB anonymous resident, %ld fds; after: %ld KiB, %ld fds: %s\n",
            rss0, fds0, rss1, fds1, ok ? "ok" : "FAILED");
     FILE *f = json ? fopen(json, "w") : NULL;

@@ -6,6 +6,8 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
 #include <sys/resource.h>
 
 #define V32 "deepseek-v3.2-exp.json"
@@ -490,4 +492,74 @@ Test(hostile, an_allocation_failure_gets_an_error_frame_and_kwarmd_goes_on)
     kwr_expect_type(&r, KW_PROTO_RESULT, "keys, untouched by the hook");
     kwr_free(&r);
     kwd_down(&d, &c);
+}
+
+/* ---- start-up errors say what happened ------------------------------------ */
+
+/* Runs kwarmd with args as uid (0: as we are); returns its exit status
+ * and stderr. */
+static int kwarmd_once(uid_t uid, const char *const *args, char **err)
+{
+    const char *argv[16] = {KW_KWARMD_BIN};
+    size_t n = 1;
+    for (; args[n - 1] != NULL && n < 15; n++)
+        argv[n] = args[n - 1];
+    argv[n] = NULL;
+    if (uid == 0) {
+        char *out = NULL;
+        int st = kw_test_run(argv, &out, err);
+        free(out);
+        return st;
+    }
+    int pipefd[2];
+    cr_assert_eq(pipe(pipefd), 0);
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        if (dup2(pipefd[1], 2) < 0 || setgroups(0, NULL) < 0 ||
+            setgid(uid) < 0 || setuid(uid) < 0)
+            _exit(126);
+        execv(KW_KWARMD_BIN, (char *const *)argv);
+        _exit(127);
+    }
+    close(pipefd[1]);
+    char buf[4096];
+    ssize_t got = 0, r;
+    while ((r = read(pipefd[0], buf + got, sizeof buf - 1 - (size_t)got)) > 0)
+        got += r;
+    buf[got] = '\0';
+    close(pipefd[0]);
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    *err = strdup(buf);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+Test(hostile, a_socket_directory_missing_or_unwritable_is_named)
+{
+    char dir[128], sock[256], cache[256];
+    cr_assert_eq(kw_test_mkdtemp(dir, sizeof dir, "kwh-sockdir"), 0);
+    cr_assert_eq(chmod(dir, 0755), 0);
+    snprintf(sock, sizeof sock, "%s/nodir/x/k.sock", dir);
+    snprintf(cache, sizeof cache, "%s/cache", dir);
+    const char *missing[] = {"--socket", sock, "--cache", cache, NULL};
+    char *err = NULL;
+    cr_expect_eq(kwarmd_once(0, missing, &err), 1);
+    cr_expect(strstr(err, "no such directory") != NULL, "%s", err);
+    free(err);
+    if (geteuid() != 0) /* the unwritable case needs another uid */
+        cr_skip_test("not root: cannot run kwarmd as nobody");
+    /* nobody: its cache is its own, the socket's directory is root's 0755. */
+    struct passwd *pw = getpwnam("nobody");
+    cr_assert_not_null(pw);
+    char ncache[256];
+    snprintf(ncache, sizeof ncache, "%s/ncache", dir);
+    cr_assert_eq(mkdir(ncache, 0700), 0);
+    cr_assert_eq(chown(ncache, pw->pw_uid, pw->pw_gid), 0);
+    snprintf(sock, sizeof sock, "%s/k.sock", dir);
+    const char *unwritable[] = {"--socket", sock, "--cache", ncache, NULL};
+    cr_expect_eq(kwarmd_once(pw->pw_uid, unwritable, &err), 1);
+    cr_expect(strstr(err, "permission denied") != NULL, "%s", err);
+    free(err);
+    kw_test_rmtree(dir);
 }
