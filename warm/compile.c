@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kw_err.h"
 
@@ -141,6 +142,7 @@ static void store(kw_warm *w, flight *f, kw__pool_result *r, outcome *out,
                           r->cubin_len, false, &stored);
     if (rc == 0) {
         atomic_fetch_add(&w->st.compiles, 1);
+        atomic_fetch_add(&w->st.fam_compiles[f->key.family], 1);
         kw_cache_count(w->o.cache, KW_CACHE_COMPILES, 1);
         out->status = KW_WARM_COMPILED;
         return;
@@ -155,6 +157,24 @@ static void store(kw_warm *w, flight *f, kw__pool_result *r, outcome *out,
     out->rc = rc;
 }
 
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Counts one worker compile of ns nanoseconds in the histogram. */
+static void observe_compile(kw_warm *w, uint64_t ns)
+{
+    const double *bound = kw_warm_compile_bounds();
+    size_t b = 0;
+    while (b < KW_WARM_COMPILE_BUCKETS && (double)ns / 1e9 > bound[b])
+        b++;
+    atomic_fetch_add(&w->st.compile_buckets[b], 1);
+    atomic_fetch_add(&w->st.compile_ns, ns);
+}
+
 /* Fetches, or compiles and stores, flight f (no lock held). */
 static void run_flight(kw_warm *w, flight *f, outcome *out)
 {
@@ -165,13 +185,17 @@ static void run_flight(kw_warm *w, flight *f, outcome *out)
         kw_remote_begin(remote, w->o.cache, f->key.digest, is_stopping, w,
                         &lease) == 0) {
         atomic_fetch_add(&w->st.remote_hits, 1);
+        atomic_fetch_add(&w->st.fam_remote_hits[f->key.family], 1);
         out->status = KW_WARM_REMOTE_HIT;
         return;
     }
     kw__pool_result r = {0};
     kw_cache_info info = {0};
     atomic_fetch_add(&w->st.compiling, 1);
+    uint64_t t0 = now_ns();
     int rc = is_stopping(w) ? -ECANCELED : kw__pool_compile(w->pool, &f->key, &r);
+    if (rc != -ECANCELED)
+        observe_compile(w, now_ns() - t0);
     atomic_fetch_sub(&w->st.compiling, 1);
     if (rc == 0) {
         store(w, f, &r, out, &info);
@@ -179,6 +203,7 @@ static void run_flight(kw_warm *w, flight *f, outcome *out)
         out->status = KW_WARM_CANCELLED;
     } else {
         atomic_fetch_add(&w->st.compile_failures, 1);
+        atomic_fetch_add(&w->st.fam_failures[f->key.family], 1);
         kw_cache_count(w->o.cache, KW_CACHE_COMPILE_FAILURES, 1);
         out->rc = rc;
         out->log = r.log;

@@ -44,6 +44,11 @@ struct kw_warm_job {
 typedef struct warm_counters {
     _Atomic uint64_t keys, hits, misses, joined, remote_hits, compiles,
         compile_failures, store_failures, cancelled, compiling;
+    /* by family (kw_warm_stats says what each means) */
+    _Atomic uint64_t fam_compiles[KW_K_NFAMILIES], fam_failures[KW_K_NFAMILIES],
+        fam_remote_hits[KW_K_NFAMILIES];
+    _Atomic uint64_t compile_buckets[KW_WARM_COMPILE_BUCKETS + 1];
+    _Atomic uint64_t compile_ns; /* the compiles' sum, nanoseconds */
 } warm_counters;
 
 struct kw_warm {

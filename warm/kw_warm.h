@@ -91,6 +91,13 @@ typedef void (*kw_warm_result_fn)(const kw_warm_result *r, void *arg);
 #define KW_WARM_PROTECT 2u /* no put of any job evicts this job's entries
                               while it runs (kw_cache_protect) */
 
+/* The compile-time histogram: KW_WARM_COMPILE_BUCKETS upper bounds in
+ * seconds (kw_warm_compile_bounds()), then +Inf. */
+#define KW_WARM_COMPILE_BUCKETS 11
+
+/* The bounds, ascending (a static array). */
+const double *kw_warm_compile_bounds(void);
+
 /* Counters since kw_warm_open(), and gauges of what runs now. */
 typedef struct kw_warm_stats {
     uint64_t keys;            /* keys submitted */
@@ -105,6 +112,17 @@ typedef struct kw_warm_stats {
     uint64_t queued;          /* gauge: flights waiting for a worker */
     uint64_t compiling;       /* gauge: flights on a worker now */
     uint64_t jobs_active;     /* gauge: jobs with results still to come */
+    /* Per family (kw_k_family): flights compiled and stored, compile
+     * failures, fleet hits; each sums to compiles, compile_failures,
+     * remote_hits. */
+    uint64_t family_compiles[KW_K_NFAMILIES];
+    uint64_t family_failures[KW_K_NFAMILIES];
+    uint64_t family_remote_hits[KW_K_NFAMILIES];
+    /* Seconds of every worker compile that ran to an end (compiled or
+     * failed; not cancelled): per bucket (not cumulative; the last is
+     * past the last bound), and their sum. */
+    uint64_t compile_buckets[KW_WARM_COMPILE_BUCKETS + 1];
+    double compile_seconds;
 } kw_warm_stats;
 
 /* Starts the pipeline: the worker processes (a missing or unusable helper

@@ -25,6 +25,15 @@ const char *kw_warm_status_name(kw_warm_status s)
     return (unsigned)s < sizeof names / sizeof *names ? names[s] : "?";
 }
 
+const double *kw_warm_compile_bounds(void)
+{
+    /* NVRTC compiles of these kernels take about 1 to 10 s; the limit
+     * (--compile-timeout) is 120 s by default. */
+    static const double b[KW_WARM_COMPILE_BUCKETS] = {
+        0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300};
+    return b;
+}
+
 /* ---- jobs and delivery ------------------------------------------------ */
 
 /* Drops one reference to job; the last one frees it. */
@@ -342,6 +351,14 @@ void kw_warm_stats_get(kw_warm *w, kw_warm_stats *s)
     s->store_failures = atomic_load(&w->st.store_failures);
     s->cancelled = atomic_load(&w->st.cancelled);
     s->compiling = atomic_load(&w->st.compiling);
+    for (size_t f = 0; f < KW_K_NFAMILIES; f++) {
+        s->family_compiles[f] = atomic_load(&w->st.fam_compiles[f]);
+        s->family_failures[f] = atomic_load(&w->st.fam_failures[f]);
+        s->family_remote_hits[f] = atomic_load(&w->st.fam_remote_hits[f]);
+    }
+    for (size_t b = 0; b <= KW_WARM_COMPILE_BUCKETS; b++)
+        s->compile_buckets[b] = atomic_load(&w->st.compile_buckets[b]);
+    s->compile_seconds = (double)atomic_load(&w->st.compile_ns) / 1e9;
     pthread_mutex_lock(&w->mu);
     s->queued = w->nqueued;
     s->jobs_active = w->jobs_active;
