@@ -97,6 +97,12 @@ int kw_remote_load_key(const char *path, kw_remote_opts *o, char *err,
 int kw_remote_open(kw_remote **out, const kw_remote_opts *o, char *err,
                    size_t errlen);
 
+/* True while the tier is marked down (the last connection-level call
+ * failed or timed out; calls fail at once until a reconnection succeeds).
+ * A tier that has never connected starts down.  Thread-safe; for a caller
+ * that logs when the fleet goes and comes back (cache/ never logs). */
+bool kw_remote_is_down(kw_remote *r);
+
 /* Closes every pooled connection and frees r.  No call may be running.
  * NULL is a no-op. */
 void kw_remote_close(kw_remote *r);

@@ -216,6 +216,14 @@ static int take(kw_remote *r, redisContext **out, bool *pooled)
     return 0;
 }
 
+bool kw_remote_is_down(kw_remote *r)
+{
+    pthread_mutex_lock(&r->lock);
+    bool down = r->down;
+    pthread_mutex_unlock(&r->lock);
+    return down;
+}
+
 /* Returns a healthy connection to the pool (or frees it when full). */
 static void give(kw_remote *r, redisContext *ctx)
 {

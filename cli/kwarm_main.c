@@ -4,6 +4,8 @@
 
 #include "cli.h"
 
+#include "kw_proto.h"
+
 typedef struct command {
     const char *name;
     int (*run)(int argc, char **argv);
@@ -40,6 +42,23 @@ static void usage(FILE *out)
                  "\nExit status: 0 ok, 1 runtime failure, 2 bad input.\n");
 }
 
+/* --version: everything that enters a key's digest, and the protocol. */
+static int print_version(void)
+{
+    int major = 0, minor = 0;
+    uint8_t src[KW_KEYS_DIGEST_LEN];
+    char hex[KW_KEYS_HEX_LEN];
+    if (kw_jit_version(&major, &minor) < 0 || kw_keys_sources_digest(src) < 0) {
+        fprintf(stderr, "kwarm: --version: the NVRTC version query failed\n");
+        return KW_CLI_RUNTIME;
+    }
+    kw_keys_hex(src, hex);
+    printf("kwarm %s\nkey schema %d\nNVRTC %d.%d\nkernel sources %.16s\n"
+           "protocol %u\n", KW_VERSION, KW_KEYS_SCHEMA, major, minor, hex,
+           KW_PROTO_VERSION);
+    return KW_CLI_OK;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -51,10 +70,8 @@ int main(int argc, char **argv)
         usage(stdout);
         return KW_CLI_OK;
     }
-    if (strcmp(argv[1], "--version") == 0) {
-        printf("kwarm %s\n", KW_VERSION);
-        return KW_CLI_OK;
-    }
+    if (strcmp(argv[1], "--version") == 0)
+        return print_version();
     for (size_t i = 0; i < NCOMMANDS; i++)
         if (strcmp(argv[1], commands[i].name) == 0)
             return commands[i].run(argc - 1, argv + 1);

@@ -41,6 +41,7 @@ void kw_daemon_opts_init(kw_daemon_opts *o)
     o->idle_timeout_ms = 60 * 1000;         /* silent clients go after 60 s */
     o->max_output = 16u << 20;              /* replies queued per connection */
     o->max_connections = 1024;              /* open connections at once */
+    o->log_level = 6;                       /* info */
     o->socket_mode = 0660;                  /* owner and group */
 }
 
@@ -57,9 +58,32 @@ static void flush_done(uv_work_t *w, int status)
     free(w);
 }
 
+/* Logs the fleet tier going down or coming back (cache/ never logs), as
+ * seen on the flush timer's tick. */
+static void log_remote_state(kw__daemon *d)
+{
+    if (d->remote == NULL)
+        return;
+    int down = kw_remote_is_down(d->remote);
+    if (down == d->remote_down)
+        return;
+    kw_remote_stats rs;
+    kw_remote_stats_get(d->remote, &rs);
+    if (down)
+        KW_LOG(KW_LOG_WARNING, "fleet tier %s is down: Redis calls fail or "
+               "time out (%llu failed so far); compiling and serving from the "
+               "local cache, reconnecting with backoff", d->opts->remote_url,
+               (unsigned long long)rs.errors);
+    else
+        KW_LOG(KW_LOG_INFO, "fleet tier %s is %s", d->opts->remote_url,
+               d->remote_down < 0 ? "reachable" : "back");
+    d->remote_down = down;
+}
+
 static void on_flush_timer(uv_timer_t *t)
 {
     kw__daemon *d = t->data;
+    log_remote_state(d);
     /* Idle since the last tick: hand the heap the busy period grew (glibc
      * keeps per-thread arenas) back to the system, once per idle spell. */
     if (d->requests == d->requests_at_tick && d->requests != d->requests_trimmed) {
@@ -243,7 +267,7 @@ static void raise_fd_limit(unsigned max_connections)
 
 int kw_daemon_run(const kw_daemon_opts *o, char *err, size_t errlen)
 {
-    kw__daemon d = {.opts = o, .lock_fd = -1};
+    kw__daemon d = {.opts = o, .lock_fd = -1, .remote_down = -1};
     snprintf(d.version, sizeof d.version, "%s", KW_VERSION);
     d.test_peercred_fail = getenv("KWARMD_TEST_PEERCRED_FAIL") != NULL;
     kw__alloc_hook_init();

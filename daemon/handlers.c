@@ -53,6 +53,8 @@ static kw__req *req_new(kw__conn *c, uint16_t type, const cJSON *hdr)
     r->protocol_errors = c->d->protocol_errors;
     r->refused = c->d->refused;
     r->refused_full = c->d->refused_full;
+    r->uid = c->uid;
+    r->pid = c->pid;
     c->d->nreqs++;
     kw__conn_begin(c, r);
     return r;

@@ -75,6 +75,7 @@ typedef struct kw__daemon {
     bool stopped;          /* the final close ran */
     bool test_peercred_fail; /* KWARMD_TEST_PEERCRED_FAIL: tests only */
     bool warned_max_conn;  /* the connection cap was logged, not yet cleared */
+    int remote_down;       /* the fleet tier's state last logged; -1: none */
     uint64_t refused_full; /* connections refused for the cap */
     kw__conn *conns; /* every open connection */
     size_t nconns;
@@ -111,6 +112,10 @@ struct kw__req {
     kw_warm_status status;
     int rc;
     char *log;
+    /* the peer, for log lines */
+    uid_t uid;
+    pid_t pid;
+    char text_config[256]; /* warmup: where the settings were found */
     /* stats: the loop's counters when it was asked */
     size_t nconns;
     uint64_t requests, protocol_errors, refused, refused_full;
@@ -163,6 +168,7 @@ struct kw__conn {
     bool in_backlog;
     uid_t uid;
     gid_t gid;
+    pid_t pid;        /* the peer's, at connect (SO_PEERCRED) */
 };
 
 /* Hands out to the loop thread: its frame is sent (unless the connection

@@ -34,6 +34,7 @@ typedef struct kw_daemon_opts {
     unsigned max_connections;  /* open connections; the next is refused */
     bool deny_root;            /* refuse uid 0 too (root is allowed by
                                   default, whatever the allowlist) */
+    int log_level;             /* syslog-style: 3 error .. 7 debug (6) */
     uid_t allow_uid[KW_DAEMON_MAX_ALLOW];
     size_t nallow_uid;         /* none of either: the daemon's own uid */
     gid_t allow_gid[KW_DAEMON_MAX_ALLOW];

@@ -65,6 +65,7 @@ static int peer_creds(kw__conn *c)
         return -EIO;
     c->uid = cr.uid;
     c->gid = cr.gid;
+    c->pid = cr.pid;
     return 0;
 }
 

@@ -18,13 +18,17 @@
 #include "kw_daemon.h"
 #include "kw_err.h"
 #include "kw_parse.h"
+#include "kw_keys.h"
+#include "kw_proto.h"
 #include "kw_remote.h"
+#include "log.h"
 
 static const char usage[] =
     "usage: kwarmd [--socket PATH] [--cache DIR] [--jobs N] [--max-size SIZE]\n"
     "              [--compile-timeout S] [--compile-memory SIZE]\n"
     "              [--compile-helper PATH]\n"
     "              [--max-output SIZE] [--max-connections N] [--deny-root]\n"
+    "              [--log-level error|warn|info|debug]\n"
     "              [--allow-uid UID]... [--allow-gid GID]... [--idle-timeout MS]\n"
     "              [--socket-mode MODE]\n"
     "              [--remote redis://HOST:PORT[/DB] --remote-key-file F]\n"
@@ -64,6 +68,8 @@ static const char usage[] =
     "  --remote-timeout MS timeout of every Redis call (1000)\n"
     "  --remote-lease MS   fleet compile lease, and the longest wait on\n"
     "                      another node compiling the same key (60000)\n"
+    "  --log-level LEVEL   error, warn, info (default) or debug; lines carry an\n"
+    "                      RFC 3339 time, or a journald priority under systemd\n"
     "  --config FILE       JSON object with these names, e.g. {\"jobs\": 4}\n"
     "  --version, --help\n";
 
@@ -257,6 +263,15 @@ static int set_deny_root(kw_daemon_opts *o, const char *v)
     return 0;
 }
 
+static int set_log_level(kw_daemon_opts *o, const char *v)
+{
+    int level = kw__log_level_from_name(v);
+    if (level < 0)
+        return KW_EINVAL;
+    o->log_level = level;
+    return 0;
+}
+
 static int set_compile_helper(kw_daemon_opts *o, const char *v)
 {
     return set_str(o->compile_helper, sizeof o->compile_helper, v);
@@ -276,6 +291,7 @@ static const struct option_def {
     {"max-output", set_max_output, "a size in [64K, 16G] (bytes, or K/M/G)"},
     {"max-connections", set_max_connections, "an integer in [1, 1000000]"},
     {"deny-root", set_deny_root, "true or false"},
+    {"log-level", set_log_level, "error, warn, info or debug"},
     {"max-size", set_max_size, "a size of at least 1M (bytes, or K/M/G)"},
     {"allow-uid", set_allow_uid, "a uid or user name (at most 32)"},
     {"allow-gid", set_allow_gid, "a gid or group name (at most 32)"},
@@ -352,6 +368,23 @@ static int load_config(kw_daemon_opts *o, const char *path)
     return rc;
 }
 
+/* --version: everything that enters a key's digest, and the protocol. */
+static int print_version(void)
+{
+    int major = 0, minor = 0;
+    uint8_t src[KW_KEYS_DIGEST_LEN];
+    char hex[KW_KEYS_HEX_LEN];
+    if (kw_jit_version(&major, &minor) < 0 || kw_keys_sources_digest(src) < 0) {
+        fprintf(stderr, "kwarmd: --version: the NVRTC version query failed\n");
+        return -1;
+    }
+    kw_keys_hex(src, hex);
+    printf("kwarmd %s\nkey schema %d\nNVRTC %d.%d\nkernel sources %.16s\n"
+           "protocol %u\n", KW_VERSION, KW_KEYS_SCHEMA, major, minor, hex,
+           KW_PROTO_VERSION);
+    return 0;
+}
+
 /* Applies the flags; --config is read first wherever it stands, so flags
  * override the file.  Returns 0, 1 (help/version printed), or -1. */
 static int parse_flags(kw_daemon_opts *o, int argc, char **argv)
@@ -362,11 +395,12 @@ static int parse_flags(kw_daemon_opts *o, int argc, char **argv)
             return -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0 ||
-            strcmp(a, "--version") == 0) {
-            printf("%s", a[2] == 'v' ? "kwarmd " KW_VERSION "\n" : usage);
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            printf("%s", usage);
             return 1;
         }
+        if (strcmp(a, "--version") == 0)
+            return print_version() == 0 ? 1 : -1;
         if (strcmp(a, "--deny-root") == 0) { /* the one flag without a value */
             o->deny_root = true;
             continue;
@@ -399,9 +433,10 @@ int main(int argc, char **argv)
     int rc = parse_flags(&o, argc, argv);
     if (rc != 0)
         return rc > 0 ? 0 : 2;
+    kw__log_init(o.log_level);
     rc = kw_daemon_run(&o, err, sizeof err);
     if (rc < 0) {
-        fprintf(stderr, "<3>kwarmd: %s\n", err[0] ? err : kw_strerror(rc));
+        KW_LOG(KW_LOG_ERR, "kwarmd: %s", err[0] ? err : kw_strerror(rc));
         return 1;
     }
     return 0;

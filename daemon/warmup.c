@@ -148,6 +148,18 @@ static void pin(kw__req *r)
     }
 }
 
+/* One line per warmup: who asked, which text config, what came of it. */
+static void log_warmup(const kw__req *r)
+{
+    KW_LOG(KW_LOG_INFO, "warmup from uid %u pid %d: text config \"%s\": %zu "
+           "keys: %zu hits, %zu remote hits, %zu compiled, %zu failed, %zu "
+           "cancelled in %.2f s", (unsigned)r->uid, (int)r->pid,
+           r->text_config, r->set.nkeys, r->count[KW_WARM_HIT],
+           r->count[KW_WARM_REMOTE_HIT], r->count[KW_WARM_COMPILED],
+           r->count[KW_WARM_FAILED], r->count[KW_WARM_CANCELLED],
+           now_s() - r->t0);
+}
+
 /* warm's callback for one key of a warmup. */
 static void on_result(const kw_warm_result *res, void *arg)
 {
@@ -164,6 +176,7 @@ static void on_result(const kw_warm_result *res, void *arg)
         flush_batch(r);
     if (res->last) {
         pin(r);
+        log_warmup(r);
         send_result(r);
     }
 }
@@ -187,6 +200,9 @@ void kw__run_warmup(kw__req *r)
     kw_config_deploy d;
     char err[KW_CONFIG_ERRLEN];
     int rc = kw__req_keys(r->header, &m, &d, &r->set, err, sizeof err);
+    if (rc == 0)
+        snprintf(r->text_config, sizeof r->text_config, "%s",
+                 m.text_config ? m.text_config : "/");
     kw_config_model_destroy(&m);
     kw_config_deploy_destroy(&d);
     if (rc < 0) {
@@ -194,6 +210,7 @@ void kw__run_warmup(kw__req *r)
         return;
     }
     if (r->set.nkeys == 0) {
+        log_warmup(r);
         send_result(r);
         return;
     }

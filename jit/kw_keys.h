@@ -69,6 +69,13 @@ bool kw_keys_field_is_bool(kw_k_family f, size_t i);
  * Returns 0 or a negative code from the toolchain query. */
 int kw_keys_digest(const kw_keys_key *k, uint8_t out[KW_KEYS_DIGEST_LEN]);
 
+/* One digest of every family's embedded device source (the per-family
+ * digests that enter every key's digest, in family order): what `--version`
+ * shows as the kernel sources, so two builds that derive the same digests
+ * can be told apart from two that do not.  0 or the toolchain query's
+ * code. */
+int kw_keys_sources_digest(uint8_t out[KW_KEYS_DIGEST_LEN]);
+
 /* Writes the lowercase hex of a digest into hex (KW_KEYS_HEX_LEN bytes). */
 void kw_keys_hex(const uint8_t digest[KW_KEYS_DIGEST_LEN], char *hex);
 

@@ -143,3 +143,17 @@ void kw_keys_hex(const uint8_t digest[KW_KEYS_DIGEST_LEN], char *hex)
 {
     sodium_bin2hex(hex, KW_KEYS_HEX_LEN, digest, KW_KEYS_DIGEST_LEN);
 }
+
+int kw_keys_sources_digest(uint8_t out[KW_KEYS_DIGEST_LEN])
+{
+    kw__keys_digest_ctx ctx;
+    crypto_generichash_state st;
+    int rc = kw__keys_digest_init(&ctx);
+    if (rc < 0)
+        return rc;
+    crypto_generichash_init(&st, NULL, 0, KW_KEYS_DIGEST_LEN);
+    for (int f = 0; f < KW_K_NFAMILIES; f++)
+        crypto_generichash_update(&st, ctx.source[f], KW_KEYS_DIGEST_LEN);
+    crypto_generichash_final(&st, out, KW_KEYS_DIGEST_LEN);
+    return 0;
+}
