@@ -107,6 +107,7 @@ static void finish_stop(kw__daemon *d)
     KW_LOG(KW_LOG_DEBUG, "stop: requests over after %llu ms",
            (unsigned long long)(uv_now(&d->loop) - d->stop_at));
     kw__jobs_stop(d);       /* idle: every request taken has ended */
+    kw__metrics_stop(d);    /* its handler reads warm and the cache */
     kw_warm_close(d->warm); /* every job got its last result */
     d->warm = NULL;
     uv_close((uv_handle_t *)&d->outbox, NULL);
@@ -217,6 +218,8 @@ static int start(kw__daemon *d, char *err, size_t errlen)
         snprintf(err, errlen, "outbox: %s", uv_strerror(rc));
     if (rc == 0 && (rc = kw__jobs_start(d)) < 0)
         snprintf(err, errlen, "job threads: %s", strerror(-rc));
+    if (rc == 0) /* before the socket: a failure leaves no socket file */
+        rc = kw__metrics_start(d, err, errlen);
     if (rc == 0)
         rc = kw__daemon_listen(d, err, errlen);
     if (rc < 0)
@@ -237,6 +240,7 @@ static int start(kw__daemon *d, char *err, size_t errlen)
 /* Releases what a failed start left open, running the loop to close it. */
 static void abort_start(kw__daemon *d)
 {
+    kw__metrics_stop(d);
     kw__jobs_stop(d);
     kw_warm_close(d->warm);
     d->warm = NULL;

@@ -18,6 +18,7 @@
 #include "kw_proto.h"
 #include "kw_remote.h"
 #include "kw_warm.h"
+#include "metrics.h"
 
 #define KW__FRAMES_PER_READ 16   /* requests parsed per read callback */
 #define KW__FLUSH_MS 2000        /* cache hit flush period */
@@ -76,14 +77,16 @@ typedef struct kw__daemon {
     bool test_peercred_fail; /* KWARMD_TEST_PEERCRED_FAIL: tests only */
     bool warned_max_conn;  /* the connection cap was logged, not yet cleared */
     int remote_down;       /* the fleet tier's state last logged; -1: none */
-    uint64_t refused_full; /* connections refused for the cap */
+    _Atomic uint64_t refused_full; /* connections refused for the cap */
     kw__conn *conns; /* every open connection */
-    size_t nconns;
+    _Atomic size_t nconns; /* _Atomic: read by the metrics thread */
     bool stopping;
     bool listening;
     bool bound; /* we created the socket file (not systemd) */
     int lock_fd; /* <cache>/kwarmd.lock, write-locked while we run */
-    uint64_t requests, protocol_errors, refused;
+    _Atomic uint64_t requests, protocol_errors, refused; /* metrics read them */
+    kw__metrics_counters mc; /* the loop's counts for the metrics */
+    struct MHD_Daemon *httpd; /* --metrics-listen's server, or NULL */
     uint64_t requests_at_tick, requests_trimmed; /* idle detection for trims */
     char version[32];
 } kw__daemon;
@@ -99,6 +102,7 @@ struct kw__req {
     cJSON *header;     /* the request's JSON, owned */
     kw__req *next;     /* in the job queue */
     kw_warm_job *job;  /* get: the warm job (loop thread; released at the end) */
+    bool failed;       /* answered by an ERROR frame (the metrics) */
     _Atomic bool aborted; /* the connection closed: stop what can stop */
     double t0;
     /* warmup: its keys and what streamed so far */

@@ -14,6 +14,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 
 #define KW_DAEMON_MAX_ALLOW 32 /* --allow-uid / --allow-gid entries */
@@ -45,7 +46,14 @@ typedef struct kw_daemon_opts {
     char remote_key_file[4096]; /* 32-byte fleet key [+ password line] */
     unsigned remote_timeout_ms; /* per Redis call; 0: the default */
     unsigned remote_lease_ms;   /* fleet compile lease; 0: the default */
+    /* Prometheus endpoint: "A.B.C.D:PORT" or "[IPV6]:PORT"; "": off. */
+    char metrics_listen[64];
 } kw_daemon_opts;
+
+/* Parses a --metrics-listen value (numeric A.B.C.D:PORT or [IPV6]:PORT,
+ * PORT 1..65535) into *out and *len.  0 or KW_EINVAL. */
+int kw_daemon_metrics_parse(const char *v, struct sockaddr_storage *out,
+                            socklen_t *len);
 
 /* Fills the defaults (socket /run/kwarm/kwarm.sock, or
  * $XDG_RUNTIME_DIR/kwarm.sock for a non-root user; cache

@@ -6,7 +6,8 @@ set -euo pipefail
 pkgs=(gcc make cmake pkg-config libcjson-dev libsodium-dev liblmdb-dev
       libuv1-dev libxxhash-dev libhiredis-dev libsystemd-dev libcriterion-dev
       python3 python3-venv python3-setuptools python3-wheel systemd
-      redis-server clang libclang-rt-14-dev)
+      redis-server clang libclang-rt-14-dev libmicrohttpd-dev
+      python3-prometheus-client prometheus)
 
 missing=()
 for p in "${pkgs[@]}"; do
