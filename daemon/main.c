@@ -33,7 +33,7 @@ static const char usage[] =
     "              [--socket-mode MODE]\n"
     "              [--remote redis://HOST:PORT[/DB] --remote-key-file F]\n"
     "              [--remote-timeout MS] [--remote-lease MS]\n"
-    "              [--config FILE]\n"
+    "              [--metrics-listen HOST:PORT] [--config FILE]\n"
     "\n"
     "The kwarm compile-cache daemon: serves compiled kernels to serving\n"
     "processes over a Unix socket (or the one systemd passes), compiling\n"
@@ -70,6 +70,9 @@ static const char usage[] =
     "                      another node compiling the same key (60000)\n"
     "  --log-level LEVEL   error, warn, info (default) or debug; lines carry an\n"
     "                      RFC 3339 time, or a journald priority under systemd\n"
+    "  --metrics-listen HOST:PORT  serve Prometheus metrics at\n"
+    "                      http://HOST:PORT/metrics; A.B.C.D:PORT or\n"
+    "                      [IPV6]:PORT, numeric (off by default)\n"
     "  --config FILE       JSON object with these names, e.g. {\"jobs\": 4}\n"
     "  --version, --help\n";
 
@@ -209,6 +212,15 @@ static int set_remote_lease(kw_daemon_opts *o, const char *v)
     return set_ms(&o->remote_lease_ms, v, 100, 3600 * 1000);
 }
 
+static int set_metrics_listen(kw_daemon_opts *o, const char *v)
+{
+    struct sockaddr_storage ss;
+    socklen_t len;
+    if (kw_daemon_metrics_parse(v, &ss, &len) < 0)
+        return KW_EINVAL;
+    return set_str(o->metrics_listen, sizeof o->metrics_listen, v);
+}
+
 static int set_compile_timeout(kw_daemon_opts *o, const char *v)
 {
     uint64_t n;
@@ -301,6 +313,8 @@ static const struct option_def {
     {"remote-key-file", set_remote_key, "a file path"},
     {"remote-timeout", set_remote_timeout, "milliseconds in [10, 60000]"},
     {"remote-lease", set_remote_lease, "milliseconds in [100, 3600000]"},
+    {"metrics-listen", set_metrics_listen,
+     "A.B.C.D:PORT or [IPV6]:PORT (numeric, PORT 1..65535)"},
 };
 #define NOPTIONS (sizeof options / sizeof options[0])
 
