@@ -64,6 +64,9 @@ void kw__daemon_request_end(kw__req *r)
 {
     kw__conn *c = r->conn;
     kw__daemon *d = r->d;
+    kw__metrics_request(d, r->type, !r->failed);
+    if (r->type == KW_PROTO_GET)
+        kw__metrics_get(d, (uint64_t)((now_s() - r->t0) * 1e9));
     kw_warm_job_release(r->job);
     kw_keys_set_destroy(&r->set);
     cJSON_Delete(r->header);
@@ -105,14 +108,18 @@ void kw__daemon_refuse_job(kw__req *r)
     kw__req_error(r, -ECANCELED, "kwarmd is stopping", true);
 }
 
-static void handle_ping(kw__conn *c)
+/* Answers a ping; false when that was an error frame. */
+static bool handle_ping(kw__conn *c)
 {
     cJSON *h = cJSON_CreateObject();
-    if (h == NULL || cJSON_AddStringToObject(h, "version", c->d->version) == NULL)
+    bool ok = h != NULL &&
+              cJSON_AddStringToObject(h, "version", c->d->version) != NULL;
+    if (!ok)
         kw__conn_error(c, KW_ENOMEM, NULL, false);
     else
         kw__conn_send(c, KW_PROTO_PONG, h, NULL, 0);
     cJSON_Delete(h);
+    return ok;
 }
 
 /* ---- get -------------------------------------------------------------- */
@@ -210,6 +217,7 @@ static int get_key(const cJSON *h, kw_keys_key *k, bool *have_key, char *err,
 static void get_finish(kw__req *r)
 {
     kw__conn *c = r->conn;
+    r->failed = true; /* unless the reply below is a RESULT */
     if (c->closing)
         return;
     if (r->status == KW_WARM_FAILED)
@@ -217,7 +225,8 @@ static void get_finish(kw__req *r)
     else if (r->status == KW_WARM_CANCELLED)
         kw__conn_error(c, -ECANCELED, "kwarmd is stopping", false);
     else
-        get_reply(c, r->key.digest, r->status == KW_WARM_COMPILED, true);
+        r->failed = get_reply(c, r->key.digest, r->status == KW_WARM_COMPILED,
+                              true) < 0;
 }
 
 /* warm's callback for a get's one key (a warm thread). */
@@ -242,7 +251,9 @@ static void on_get_result(const kw_warm_result *res, void *arg)
     kw__daemon_post(r->d, o);
 }
 
-static void handle_get(kw__conn *c, const cJSON *hdr)
+/* Serves a get that started at t0 (now_s()): 0 answered, -1 answered by
+ * an ERROR frame, 1 under way (a compile; the request ends later). */
+static int handle_get(kw__conn *c, const cJSON *hdr, double t0)
 {
     kw_keys_key k;
     bool have_key;
@@ -251,27 +262,30 @@ static void handle_get(kw__conn *c, const cJSON *hdr)
     int rc = get_key(hdr, &k, &have_key, err, sizeof err);
     if (rc < 0) {
         kw__conn_error(c, rc, err, false);
-        return;
+        return -1;
     }
     /* One lookup on the hit path; a miss (or a corrupt entry, queued for
      * removal) goes on to the warm pipeline when the key is whole. */
     bool may_compile = have_key && !cJSON_IsFalse(comp);
     rc = get_reply(c, k.digest, false, !may_compile);
     if (rc == 0 || !may_compile || (rc != KW_ENOTFOUND && rc != KW_ECORRUPT))
-        return;
+        return rc == 0 ? 0 : -1;
     kw__req *r = req_new(c, KW_PROTO_GET, NULL);
     if (r == NULL) {
         kw__conn_error(c, KW_ENOMEM, NULL, false);
-        return;
+        return -1;
     }
     r->key = k;
+    r->t0 = t0;
     rc = kw_warm_submit(c->d->warm, &k, 1, rc == KW_ECORRUPT ? KW_WARM_PURGE : 0,
                         on_get_result, r, &r->job);
     if (rc < 0) {
         kw__conn_error(c, rc, rc == -ECANCELED ? "kwarmd is stopping" : NULL,
                        false);
-        kw__daemon_request_end(r);
+        r->failed = true;
+        kw__daemon_request_end(r); /* counts it */
     }
+    return 1;
 }
 
 /* Hands a request whose cost grows with it to a job thread. */
@@ -280,20 +294,29 @@ static void offload(kw__conn *c, uint16_t type, const cJSON *hdr)
     kw__req *r = req_new(c, type, hdr);
     if (r == NULL) {
         kw__conn_error(c, KW_ENOMEM, NULL, false);
+        kw__metrics_request(c->d, type, false);
         return;
     }
-    kw__jobs_push(c->d, r);
+    kw__jobs_push(c->d, r); /* counted when it ends */
 }
 
 void kw__daemon_dispatch(kw__conn *c, const kw_msg *m)
 {
     switch (m->type) {
     case KW_PROTO_PING:
-        handle_ping(c);
+        kw__metrics_request(c->d, m->type, handle_ping(c));
         break;
-    case KW_PROTO_GET:
-        handle_get(c, m->header);
+    case KW_PROTO_GET: {
+        /* Timed here, on the loop, for the get latency histogram; a get
+         * that compiles is timed and counted when its request ends. */
+        double t0 = now_s();
+        int st = handle_get(c, m->header, t0);
+        if (st <= 0) {
+            kw__metrics_request(c->d, m->type, st == 0);
+            kw__metrics_get(c->d, (uint64_t)((now_s() - t0) * 1e9));
+        }
         break;
+    }
     case KW_PROTO_KEYS:
     case KW_PROTO_WARMUP:
     case KW_PROTO_STATS:

@@ -52,6 +52,7 @@ void kw__req_error(kw__req *r, int code, const char *msg, bool done)
     uint8_t *frame = NULL;
     size_t len = 0;
     kw__alloc_fail = false; /* the test hook fails a request, not its error */
+    r->failed = true; /* read on the loop once the request ends (metrics) */
     if (kw_proto_error_frame(code, msg, &frame, &len) < 0)
         frame = oom_frame(&len);
     post(r, frame, len, done);

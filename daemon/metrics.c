@@ -377,10 +377,10 @@ int kw__metrics_start(kw__daemon *d, char *err, size_t errlen)
         return fd;
     d->httpd = MHD_start_daemon(
         MHD_USE_EPOLL_INTERNAL_THREAD | MHD_USE_ERROR_LOG, 0, NULL, NULL,
-        on_http, d, MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
+        on_http, d, MHD_OPTION_EXTERNAL_LOGGER, http_log, NULL, /* first */
+        MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)HTTP_CONN_LIMIT,
-        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)HTTP_TIMEOUT_S,
-        MHD_OPTION_EXTERNAL_LOGGER, http_log, NULL, MHD_OPTION_END);
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)HTTP_TIMEOUT_S, MHD_OPTION_END);
     if (d->httpd == NULL) {
         close(fd);
         snprintf(err, errlen, "--metrics-listen %s: the HTTP server did not "
