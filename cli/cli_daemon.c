@@ -61,12 +61,13 @@ static const char get_usage[] =
     "\n";
 
 static const char stats_usage[] =
-    "usage: kwarm stats [--socket PATH] [--json]\n"
+    "usage: kwarm stats [--socket PATH] [--json | --prometheus]\n"
     "\n"
     "Prints kwarmd's cache statistics (entries, bytes, max_size, hits, misses,\n"
     "compiles, compile_failures, evictions, corrupt) and its own counters.\n"
     "\n"
-    "  --json                     one JSON object with those fields\n";
+    "  --json                     one JSON object with those fields\n"
+    "  --prometheus               the text kwarmd --metrics-listen serves\n";
 
 static const char help_tail[] = "  -h, --help                 this text\n";
 
@@ -183,15 +184,41 @@ static void print_stats(const char *json, const char *path)
     cJSON_Delete(st);
 }
 
+/* Prints a stats reply: its "prometheus" text (exit 1 when kwarmd is too
+ * old to send one), else the JSON without it, else "name value" lines. */
+static int print_reply(const char *json, const char *path, int form)
+{
+    cJSON *st = cJSON_Parse(json);
+    const cJSON *text = cJSON_GetObjectItemCaseSensitive(st, "prometheus");
+    char *out = NULL;
+    int rc = KW_CLI_OK;
+    if (form == 2 && cJSON_IsString(text)) {
+        fputs(text->valuestring, stdout);
+    } else if (form == 2) {
+        fprintf(stderr, "kwarm stats: kwarmd at %s sends no Prometheus text "
+                "(older than --prometheus)\n", path);
+        rc = KW_CLI_RUNTIME;
+    } else if (form == 1) {
+        cJSON_DeleteItemFromObjectCaseSensitive(st, "prometheus");
+        out = st ? cJSON_PrintUnformatted(st) : NULL;
+        printf("%s\n", out ? out : json);
+    } else {
+        print_stats(json, path);
+    }
+    free(out);
+    cJSON_Delete(st);
+    return rc;
+}
+
 int kw__cli_stats_socket(int argc, char **argv)
 {
     const char *path = NULL;
-    bool json = false;
+    int form = 0; /* lines, 1 --json, 2 --prometheus */
     for (int i = 1; i < argc; i++) {
         if (is_help(argv[i]))
             return print_usage(stats_usage, false);
-        if (strcmp(argv[i], "--json") == 0) {
-            json = true;
+        if (strcmp(argv[i], "--json") == 0 || strcmp(argv[i], "--prometheus") == 0) {
+            form = argv[i][2] == 'j' ? 1 : 2;
             continue;
         }
         int rc = socket_arg("stats", argc, argv, &i, &path);
@@ -207,10 +234,8 @@ int kw__cli_stats_socket(int argc, char **argv)
         return rc;
     if ((rc = kw_client_stats(c, &reply)) < 0)
         rc = request_failed("stats", c, rc);
-    else if (json)
-        printf("%s\n", reply);
     else
-        print_stats(reply, kw_client_path(c));
+        rc = print_reply(reply, kw_client_path(c), form);
     free(reply);
     kw_client_close(c);
     return rc;

@@ -196,26 +196,19 @@ static void remote_metrics(FILE *f, const kw_remote_stats *rs)
             (unsigned long long)rs->errors);
 }
 
-int kw__metrics_text(kw__daemon *d, char **out, size_t *len)
+int kw__metrics_format(kw__daemon *d, const kw_cache_stats *st,
+                       const kw_warm_stats *ws, const kw_remote_stats *rs,
+                       char **out, size_t *len)
 {
-    kw_cache_stats st;
-    kw_warm_stats ws;
-    kw_remote_stats rs = {0};
-    int rc = kw_cache_stats_get(d->cache, &st);
-    if (rc < 0)
-        return rc;
-    kw_warm_stats_get(d->warm, &ws);
-    if (d->remote != NULL)
-        kw_remote_stats_get(d->remote, &rs);
     char *buf = NULL;
     size_t n = 0;
     FILE *f = open_memstream(&buf, &n);
     if (f == NULL)
         return KW_ENOMEM;
     loop_metrics(f, d);
-    cache_metrics(f, &st);
-    warm_metrics(f, d, &ws);
-    remote_metrics(f, &rs);
+    cache_metrics(f, st);
+    warm_metrics(f, d, ws);
+    remote_metrics(f, rs);
     bool bad = ferror(f) != 0;
     if (fclose(f) != 0 || bad) {
         free(buf);
@@ -224,6 +217,20 @@ int kw__metrics_text(kw__daemon *d, char **out, size_t *len)
     *out = buf;
     *len = n;
     return 0;
+}
+
+int kw__metrics_text(kw__daemon *d, char **out, size_t *len)
+{
+    kw_cache_stats st;
+    kw_warm_stats ws;
+    kw_remote_stats rs = {0}; /* zeros without a fleet tier */
+    int rc = kw_cache_stats_get(d->cache, &st);
+    if (rc < 0)
+        return rc;
+    kw_warm_stats_get(d->warm, &ws);
+    if (d->remote != NULL)
+        kw_remote_stats_get(d->remote, &rs);
+    return kw__metrics_format(d, &st, &ws, &rs, out, len);
 }
 
 /* ---- the address -------------------------------------------------------- */

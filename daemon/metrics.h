@@ -38,6 +38,18 @@ void kw__metrics_request(struct kw__daemon *d, uint16_t type, bool ok);
 /* Counts a get that ended after ns nanoseconds (loop thread). */
 void kw__metrics_get(struct kw__daemon *d, uint64_t ns);
 
+/* The metrics text of these snapshots and the loop's counters now
+ * (malloc'd, NUL-terminated, length in *len); any thread.  0 or
+ * KW_ENOMEM.  The stats request uses it to send the text of the same
+ * snapshots as its numbers. */
+struct kw_cache_stats;
+struct kw_warm_stats;
+struct kw_remote_stats;
+int kw__metrics_format(struct kw__daemon *d, const struct kw_cache_stats *st,
+                       const struct kw_warm_stats *ws,
+                       const struct kw_remote_stats *rs, char **out,
+                       size_t *len);
+
 /* The metrics text now (malloc'd, NUL-terminated, length in *len).  Any
  * thread: reads atomics and calls the thread-safe stats functions (the
  * cache's may wait for a flush).  0, KW_ENOMEM, or the cache's code. */

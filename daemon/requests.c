@@ -127,13 +127,11 @@ static bool add_numbers(cJSON *h, const char *const *names, const uint64_t *v,
 /* Every counter of `stats` (README.md says what each means): the cache's,
  * the loop's (as of the request), the warm pipeline's, the fleet tier's. */
 static size_t collect_stats(const kw__req *r, const kw_cache_stats *st,
+                            const kw_warm_stats *wsp, const kw_remote_stats *rsp,
                             const char **names, uint64_t *v)
 {
-    kw_warm_stats ws;
-    kw_remote_stats rs = {0}; /* fleet tier: zeros without one */
-    kw_warm_stats_get(r->d->warm, &ws);
-    if (r->d->remote != NULL)
-        kw_remote_stats_get(r->d->remote, &rs);
+    const kw_warm_stats ws = *wsp;
+    const kw_remote_stats rs = *rsp;
     static const char *const n[NSTATS] = {
         "entries", "bytes", "max_size", "hits", "misses", "compiles",
         "compile_failures", "evictions", "corrupt", "connections", "requests",
@@ -158,9 +156,16 @@ static size_t collect_stats(const kw__req *r, const kw_cache_stats *st,
     return NSTATS;
 }
 
+/* The reply of stats: every counter, and "prometheus", the text of
+ * GET /metrics made from the same snapshots (`kwarm stats --prometheus`
+ * prints it; the CLI's other forms leave it out).  A reply member rather
+ * than a request option: older clients need no change, and a kwarmd
+ * without it just lacks the member. */
 void kw__run_stats(kw__req *r)
 {
     kw_cache_stats st;
+    kw_warm_stats ws;
+    kw_remote_stats rs = {0}; /* fleet tier: zeros without one */
     const char *names[NSTATS];
     uint64_t v[NSTATS];
     int rc = kw_cache_stats_get(r->d->cache, &st);
@@ -168,12 +173,19 @@ void kw__run_stats(kw__req *r)
         kw__req_error(r, rc, NULL, true);
         return;
     }
-    size_t n = collect_stats(r, &st, names, v);
+    kw_warm_stats_get(r->d->warm, &ws);
+    if (r->d->remote != NULL)
+        kw_remote_stats_get(r->d->remote, &rs);
+    size_t n = collect_stats(r, &st, &ws, &rs, names, v), len = 0;
+    char *text = NULL;
     cJSON *h = cJSON_CreateObject();
-    if (!add_numbers(h, names, v, n)) {
+    if (!add_numbers(h, names, v, n) ||
+        kw__metrics_format(r->d, &st, &ws, &rs, &text, &len) < 0 ||
+        cJSON_AddStringToObject(h, "prometheus", text) == NULL) {
         cJSON_Delete(h);
         h = NULL; /* kw__req_send answers KW_ENOMEM */
     }
+    free(text);
     kw__req_send(r, KW_PROTO_RESULT, h, true);
     cJSON_Delete(h);
 }
