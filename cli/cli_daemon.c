@@ -430,51 +430,15 @@ typedef struct warm_opts {
     bool json, quiet;
 } warm_opts;
 
-/* Adds field f of d to obj, as a --deploy file would spell it. */
-static void add_deploy_field(cJSON *obj, const kw_config_deploy *d,
-                             kw_config_field f)
-{
-    const char *name = kw_config_field_name(f);
-    const int64_t v[] = {
-        [KW_CONFIG_DCP_WORLD] = d->dcp_world,
-        [KW_CONFIG_DCP_RANK] = d->dcp_rank,
-        [KW_CONFIG_DCP_INTERLEAVE] = d->dcp_interleave,
-        [KW_CONFIG_PCP] = d->pcp,
-        [KW_CONFIG_MAX_NUM_BATCHED_TOKENS] = d->max_num_batched_tokens,
-        [KW_CONFIG_MAX_NUM_SEQS] = d->max_num_seqs,
-        [KW_CONFIG_BLOCK_SIZE] = d->block_size,
-        [KW_CONFIG_MAX_MODEL_LEN] = d->max_model_len,
-        [KW_CONFIG_BLOCK_STRIDE_ROWS] = d->block_stride_rows,
-        [KW_CONFIG_ARCH] = 0, [KW_CONFIG_TEXT_CONFIG] = 0};
-    if (f == KW_CONFIG_ARCH) {
-        char list[KW_CONFIG_MAX_ARCH * KW_CONFIG_ARCH_LEN] = "";
-        for (size_t i = 0; i < d->narch; i++) {
-            if (i > 0)
-                strcat(list, ",");
-            strcat(list, d->arch[i]);
-        }
-        cJSON_AddStringToObject(obj, name, list);
-    } else if (f == KW_CONFIG_TEXT_CONFIG) {
-        if (d->text_config != NULL)
-            cJSON_AddStringToObject(obj, name, d->text_config);
-    } else if (f == KW_CONFIG_DCP_RANK && d->dcp_rank == KW_CONFIG_RANK_ALL) {
-        cJSON_AddStringToObject(obj, name, "all");
-    } else {
-        cJSON_AddNumberToObject(obj, name, (double)v[f]);
-    }
-}
-
 /* The deployment kwarmd should use: every field the flags or --deploy
- * gave (their values survive kw_config_resolve()), so the daemon applies
- * the same defaults kwarm keys would.  A new string (free it), or NULL. */
+ * gave (their values survive kw_config_resolve()), as a --deploy file
+ * would spell them, so the daemon applies the same defaults kwarm keys
+ * would.  A new string (free it), or NULL. */
 static char *deploy_json(const kw_config_deploy *d)
 {
-    cJSON *obj = cJSON_CreateObject();
-    if (obj == NULL)
+    cJSON *obj = NULL;
+    if (kw_config_deploy_given_json(d, &obj) < 0)
         return NULL;
-    for (int f = 0; f < KW_CONFIG_NFIELDS; f++)
-        if (d->given & (1u << f))
-            add_deploy_field(obj, d, (kw_config_field)f);
     char *s = cJSON_PrintUnformatted(obj);
     cJSON_Delete(obj);
     return s;
