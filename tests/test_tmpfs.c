@@ -74,11 +74,12 @@ Test(tmpfs, limit_under_the_filesystem_evicts_and_every_put_succeeds,
      .init = setup, .fini = teardown, .timeout = 600)
 {
     mount_small(3 * 1024);
-    /* V3.2 at W = 4: 30 keys of ~25 KB per rank, 22 of them differ
-     * between ranks 0 and 1: each rank fits 1M, both do not.  (A
-     * deployment larger than the limit is refused: issue 12 point 1.) */
-    const char *rank[2] = {"0", "1"};
-    for (int i = 0; i < 2; i++) {
+    /* V3.2 at W = 4: 30 keys of about 20 KB per rank (600 KB), 74
+     * distinct over ranks 0 to 2 (about 1.5 MB): each rank fits 1M, the
+     * three do not.  (A deployment larger than the limit is refused:
+     * issue 12 point 1.) */
+    const char *rank[3] = {"0", "1", "2"};
+    for (int i = 0; i < 3; i++) {
         char *err = NULL;
         int st = prewarm(V32, "4", rank[i], "1M", &err);
         cr_expect_eq(st, 0, "prewarm of rank %s failed on a 3 MiB tmpfs "
@@ -86,7 +87,7 @@ Test(tmpfs, limit_under_the_filesystem_evicts_and_every_put_succeeds,
         free(err);
     }
     kw_cache_stats s = verify_all();
-    cr_expect_gt(s.evictions, 0, "rank 1 made room by evicting rank 0's");
+    cr_expect_gt(s.evictions, 0, "later ranks made room by evicting older");
     cr_expect_leq(s.bytes, 1u << 20);
     cr_expect_eq(s.compile_failures, 0);
 }
