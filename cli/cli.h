@@ -183,6 +183,7 @@ uint64_t kw__cli_u64(const struct cJSON *obj, const char *name);
 
 /* The commands. */
 int kw__cli_keys(int argc, char **argv);
+int kw__cli_diff(int argc, char **argv);
 int kw__cli_verify(int argc, char **argv);
 int kw__cli_prewarm(int argc, char **argv);
 int kw__cli_get(int argc, char **argv);
