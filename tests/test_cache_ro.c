@@ -49,10 +49,14 @@ static void make_cache(void)
     kw_cache_close(c);
 }
 
+/* Counts entries; a negative count when entry 1 does not show the hit
+ * flushed by the writer plus the three counted in memory. */
 static int count_entry(const uint8_t *d, const kw_cache_info *info, void *arg)
 {
-    (void)d;
-    (void)info;
+    uint8_t one[KW_CACHE_DIGEST_LEN];
+    tc_digest(1, one);
+    if (memcmp(d, one, sizeof one) == 0 && info->hits != 4)
+        *(int *)arg = -100;
     ++*(int *)arg;
     return 0;
 }
