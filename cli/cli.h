@@ -181,9 +181,14 @@ void kw__cli_time(uint64_t t, char *buf, size_t cap);
 void kw__cli_size(uint64_t n, char *buf, size_t cap);
 uint64_t kw__cli_u64(const struct cJSON *obj, const char *name);
 
+/* Parses an age such as "90s", "30m", "1h", "7d" or "2w" into seconds;
+ * -1 when it is not one (cli_ls.c). */
+int64_t kw__cli_age(const char *s);
+
 /* The commands. */
 int kw__cli_keys(int argc, char **argv);
 int kw__cli_diff(int argc, char **argv);
+int kw__cli_misses(int argc, char **argv);
 int kw__cli_verify(int argc, char **argv);
 int kw__cli_prewarm(int argc, char **argv);
 int kw__cli_get(int argc, char **argv);

@@ -284,8 +284,7 @@ static const char evict_usage[] =
     "                             \"count\", \"bytes\"}\n"
     "  -h, --help                 this text\n";
 
-/* Parses "7d" and friends into seconds; -1 when it is not an age. */
-static int64_t parse_age(const char *s)
+int64_t kw__cli_age(const char *s)
 {
     static const struct {
         char unit;
@@ -379,7 +378,7 @@ static int evict_parse(evict_opts *o, int argc, char **argv)
     if (rc >= 0)
         return rc;
     kw_k_family fam;
-    int64_t age = o->age ? parse_age(o->age) : 0;
+    int64_t age = o->age ? kw__cli_age(o->age) : 0;
     if (!o->digest && !o->f.family && !o->f.unpinned && !o->age)
         kw__cli_err("evict", "one of --digest, --family, --unpinned or "
                     "--older-than is required (see kwarm evict --help)");

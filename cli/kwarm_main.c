@@ -15,6 +15,7 @@ typedef struct command {
 static const command commands[] = {
     {"keys", kw__cli_keys, "print the compile keys of a model and deployment"},
     {"diff", kw__cli_diff, "compare the keys of two models or deployments"},
+    {"misses", kw__cli_misses, "list kwarmd's cache misses, and why each missed"},
     {"prewarm", kw__cli_prewarm, "compile every missing key into a cache directory"},
     {"get", kw__cli_get, "write one cubin to a file (compiling a miss by key)"},
     {"stats", kw__cli_stats, "print a cache's statistics"},

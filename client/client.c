@@ -625,6 +625,29 @@ int kw_client_warmup_pin(kw_client *c, const char *config_json,
                          name, pin, &st, result_json);
 }
 
+int kw_client_misses(kw_client *c, uint64_t since_s, char **result_json)
+{
+    if (c == NULL || result_json == NULL)
+        return c ? fail(c, KW_EINVAL, "NULL reply pointer") : KW_EINVAL;
+    stream st = {"misses", cJSON_CreateArray(), NULL, NULL};
+    cJSON *h = cJSON_CreateObject();
+    kw_msg m = {0};
+    int rc = st.items && h && cJSON_AddNumberToObject(h, "since", (double)since_s)
+                 ? 0 : fail(c, KW_ENOMEM, "%s", kw_strerror(KW_ENOMEM));
+    if (rc == 0)
+        rc = request(c, KW_PROTO_MISSES, h, KW_PROTO_RESULT, &st, &m);
+    cJSON_Delete(h);
+    if (rc == 0 && !cJSON_AddItemToObject(m.header, "misses", st.items))
+        rc = fail(c, KW_ENOMEM, "%s", kw_strerror(KW_ENOMEM));
+    else if (rc == 0)
+        st.items = NULL;
+    if (rc == 0)
+        rc = take_json(c, &m, result_json);
+    cJSON_Delete(st.items);
+    kw_msg_destroy(&m);
+    return rc;
+}
+
 /* True when s is 64 hex digits. */
 static bool is_digest(const char *s)
 {

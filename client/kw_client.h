@@ -177,6 +177,17 @@ int kw_client_stats(kw_client *c, char **reply_json);
  * NULL) says whether there was one.  A missing entry is not an error. */
 int kw_client_evict(kw_client *c, const char *digest_hex, bool *evicted);
 
+/* The miss audit: the gets kwarmd could not answer from its cache in
+ * the last since_s seconds (0: every one it keeps, up to 10,000).  On 0,
+ * *result_json is a new string (free() it): {"count", "since", "misses":
+ * [{"time", "uid", "pid", "digest", "outcome": "compiled" | "failed" |
+ * "not compiled" | "remote_hit" | "cancelled", "key"?: {"family", "arch",
+ * "fields", "digest"}, "nearest": null | {"digest", "differ": [{"field",
+ * "requested", "cached"}], "pins": [...]}}]}, oldest first.  "nearest" is
+ * the cached key of the same family and arch with the fewest differing
+ * fields. */
+int kw_client_misses(kw_client *c, uint64_t since_s, char **result_json);
+
 /* The text of the last failure on c ("" when none yet): the daemon's
  * ERROR text (an NVRTC log may span lines), or the I/O or protocol
  * failure.  Borrowed: valid until the next call on c.  NULL c gives "". */

@@ -50,6 +50,7 @@ static void flush_work(uv_work_t *w)
 {
     kw__daemon *d = w->data;
     kw_cache_flush(d->cache);
+    kw__audit_flush(&d->audit); /* the miss audit's file, off the loop too */
 }
 
 static void flush_done(uv_work_t *w, int status)
@@ -212,6 +213,9 @@ static int start(kw__daemon *d, char *err, size_t errlen)
         rc = kw_cache_open(&d->cache, &co, err, errlen);
     if (rc == 0)
         rc = lock_cache(d, err, errlen);
+    if (rc == 0 && (rc = kw__audit_open(&d->audit, o->cache_dir,
+                                        kw_cache_is_read_only(d->cache))) < 0)
+        snprintf(err, errlen, "miss audit: %s", kw_strerror(rc));
     if (rc == 0)
         rc = open_warm(d, err, errlen);
     if (rc == 0 && (rc = kw__daemon_outbox_init(d)) < 0)
@@ -296,6 +300,7 @@ int kw_daemon_run(const kw_daemon_opts *o, char *err, size_t errlen)
         KW_LOG(KW_LOG_INFO, "stopped %llu ms after the signal",
                (unsigned long long)(uv_now(&d.loop) - d.stop_at));
     }
+    kw__audit_close(&d.audit); /* writes what the last flush left */
     kw_cache_close(d.cache);
     if (d.lock_fd >= 0)
         close(d.lock_fd); /* releases the cache lock */

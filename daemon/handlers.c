@@ -98,6 +98,9 @@ void kw__daemon_run_job(kw__req *r)
     case KW_PROTO_STATS:
         kw__run_stats(r);
         break;
+    case KW_PROTO_MISSES:
+        kw__run_misses(r);
+        break;
     default:
         kw__run_evict(r);
     }
@@ -168,15 +171,35 @@ static int get_reply(kw__conn *c, const uint8_t *digest, bool compiled,
     return 0;
 }
 
+int kw__key_from_json(const cJSON *h, kw_keys_key *k)
+{
+    const cJSON *fam = cJSON_GetObjectItemCaseSensitive(h, "family");
+    const cJSON *fields = cJSON_GetObjectItemCaseSensitive(h, "fields");
+    const cJSON *arch = cJSON_GetObjectItemCaseSensitive(h, "arch");
+    if (!cJSON_IsString(fam) || !cJSON_IsObject(fields) || !cJSON_IsString(arch) ||
+        kw_keys_family_from_name(fam->valuestring, &k->family) < 0 ||
+        snprintf(k->arch, sizeof k->arch, "%s", arch->valuestring) >= (int)sizeof k->arch)
+        return KW_EINVAL;
+    for (size_t i = 0; i < kw_keys_nfields(k->family); i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(fields,
+                                                          kw_keys_field_name(k->family, i));
+        /* Integers only, within int32 like every key field: a fraction
+         * must not truncate into another key's value. */
+        bool num = cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble) &&
+                   fabs(v->valuedouble) <= 2147483647.0;
+        if (!num && !cJSON_IsBool(v))
+            return KW_EINVAL;
+        k->fields[i] = cJSON_IsBool(v) ? cJSON_IsTrue(v) : (int64_t)v->valuedouble;
+    }
+    return kw_keys_digest(k, k->digest) < 0 ? KW_EINVAL : 0;
+}
+
 /* Reads a get's key: {"digest": HEX} or {"family", "fields": {...},
  * "arch"}.  *have_key says whether k is a whole key (compilable). */
 static int get_key(const cJSON *h, kw_keys_key *k, bool *have_key, char *err,
                    size_t errlen)
 {
     const cJSON *dg = cJSON_GetObjectItemCaseSensitive(h, "digest");
-    const cJSON *fam = cJSON_GetObjectItemCaseSensitive(h, "family");
-    const cJSON *fields = cJSON_GetObjectItemCaseSensitive(h, "fields");
-    const cJSON *arch = cJSON_GetObjectItemCaseSensitive(h, "arch");
     memset(k, 0, sizeof *k);
     *have_key = false;
     if (cJSON_IsString(dg)) {
@@ -188,29 +211,22 @@ static int get_key(const cJSON *h, kw_keys_key *k, bool *have_key, char *err,
         snprintf(err, errlen, "get: \"digest\" must be 64 hex digits");
         return KW_EINVAL;
     }
-    if (!cJSON_IsString(fam) || !cJSON_IsObject(fields) || !cJSON_IsString(arch) ||
-        kw_keys_family_from_name(fam->valuestring, &k->family) < 0 ||
-        snprintf(k->arch, sizeof k->arch, "%s", arch->valuestring) >= (int)sizeof k->arch) {
+    if (kw__key_from_json(h, k) < 0) {
         snprintf(err, errlen, "get: needs \"digest\", or a known \"family\", "
-                 "\"fields\" and \"arch\"");
+                 "\"fields\" (integers) and \"arch\"");
         return KW_EINVAL;
     }
-    for (size_t i = 0; i < kw_keys_nfields(k->family); i++) {
-        const cJSON *v = cJSON_GetObjectItemCaseSensitive(fields,
-                                                          kw_keys_field_name(k->family, i));
-        /* Integers only, within int32 like every key field: a fraction
-         * must not truncate into another key's value. */
-        bool num = cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble) &&
-                   fabs(v->valuedouble) <= 2147483647.0;
-        if (!num && !cJSON_IsBool(v)) {
-            snprintf(err, errlen, "get: /fields/%s: missing or not an integer",
-                     kw_keys_field_name(k->family, i));
-            return KW_EINVAL;
-        }
-        k->fields[i] = cJSON_IsBool(v) ? cJSON_IsTrue(v) : (int64_t)v->valuedouble;
-    }
     *have_key = true;
-    return kw_keys_digest(k, k->digest);
+    return 0;
+}
+
+/* Records a get that missed, for `kwarm misses`. */
+static void audit_miss(kw__daemon *d, uid_t uid, pid_t pid, const kw_keys_key *k,
+                       bool have_key, int outcome)
+{
+    kw__miss m = {.t = kw__audit_now(), .uid = uid, .pid = pid, .key = *k,
+                  .have_key = have_key, .outcome = outcome};
+    kw__audit_add(&d->audit, &m);
 }
 
 /* The loop's half of a get that compiled: answer from the cache. */
@@ -234,6 +250,10 @@ static void on_get_result(const kw_warm_result *res, void *arg)
 {
     kw__req *r = arg;
     kw__out *o = calloc(1, sizeof *o);
+    static const int outcome[] = {[KW_WARM_HIT] = 1, [KW_WARM_REMOTE_HIT] = 3,
+                                  [KW_WARM_COMPILED] = 1, [KW_WARM_FAILED] = 2,
+                                  [KW_WARM_CANCELLED] = 4};
+    audit_miss(r->d, r->uid, r->pid, &r->key, true, outcome[res->status]);
     r->status = res->status;
     r->rc = res->rc;
     if (res->log != NULL)
@@ -268,7 +288,10 @@ static int handle_get(kw__conn *c, const cJSON *hdr, double t0)
      * removal) goes on to the warm pipeline when the key is whole. */
     bool may_compile = have_key && !cJSON_IsFalse(comp);
     rc = get_reply(c, k.digest, false, !may_compile);
-    if (rc == 0 || !may_compile || (rc != KW_ENOTFOUND && rc != KW_ECORRUPT))
+    bool missed = rc == KW_ENOTFOUND || rc == KW_ECORRUPT;
+    if (missed && !may_compile)
+        audit_miss(c->d, c->uid, c->pid, &k, have_key, 0);
+    if (rc == 0 || !may_compile || !missed)
         return rc == 0 ? 0 : -1;
     kw__req *r = req_new(c, KW_PROTO_GET, NULL);
     if (r == NULL) {
@@ -321,6 +344,7 @@ void kw__daemon_dispatch(kw__conn *c, const kw_msg *m)
     case KW_PROTO_WARMUP:
     case KW_PROTO_STATS:
     case KW_PROTO_EVICT:
+    case KW_PROTO_MISSES:
         offload(c, m->type, m->header);
         break;
     default: /* kw_proto_parse_request() lets only requests through */

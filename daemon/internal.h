@@ -31,6 +31,46 @@
 typedef struct kw__conn kw__conn;
 typedef struct kw__req kw__req;
 
+/* ---- the miss audit (audit.c) ---- */
+
+#define KW__AUDIT_MAX 10000 /* misses kept, in memory and in the file */
+
+/* One get that missed the local cache. */
+typedef struct kw__miss {
+    uint64_t t;        /* Unix seconds */
+    uid_t uid;
+    pid_t pid;
+    kw_keys_key key;   /* the digest always; family, fields, arch when given */
+    bool have_key;     /* the get named family, fields and arch */
+    int outcome;       /* 0 not compiled, 1 compiled, 2 failed, 3 remote hit,
+                          4 cancelled */
+} kw__miss;
+
+typedef struct kw__audit {
+    pthread_mutex_t mu; /* guards ring, next, n, added, written */
+    kw__miss *ring;     /* KW__AUDIT_MAX records */
+    size_t next, n;
+    uint64_t added, written;
+    size_t lines;       /* lines in the file (flush work only) */
+    char path[4200];    /* <cache>/misses.jsonl; "": memory only */
+} kw__audit;
+
+int kw__audit_open(kw__audit *a, const char *cache_dir, bool read_only);
+void kw__audit_close(kw__audit *a);
+/* Adds one record; any thread, O(1), no I/O. */
+void kw__audit_add(kw__audit *a, const kw__miss *m);
+/* Writes the new records to the file; off the loop thread only. */
+void kw__audit_flush(kw__audit *a);
+/* A copy (malloc'd, *out) of the records since `since`, oldest first. */
+size_t kw__audit_snapshot(kw__audit *a, uint64_t since, kw__miss **out);
+cJSON *kw__audit_json(const kw__miss *m);
+const char *kw__audit_outcome_name(int outcome);
+uint64_t kw__audit_now(void);
+
+/* Reads {"family", "fields": {...}, "arch"} into k (digest computed);
+ * 0 or KW_EINVAL with nothing said (handlers.c). */
+int kw__key_from_json(const cJSON *h, kw_keys_key *k);
+
 /* A frame for a connection, or the end of its request, made on any thread
  * and handed to the loop thread by kw__daemon_post(). */
 typedef struct kw__out {
@@ -58,6 +98,7 @@ typedef struct kw__daemon {
     kw_cache *cache;
     kw_remote *remote; /* fleet tier, or NULL; thread-safe itself */
     kw_warm *warm;     /* the warm pipeline; thread-safe itself */
+    kw__audit audit;   /* gets that missed; thread-safe itself */
     /* The outbox: frames from job and warm threads.  out_mu guards
      * out_head/out_tail; outbox wakes the loop, which drains it whole. */
     uv_async_t outbox;
@@ -147,6 +188,7 @@ void kw__run_keys(kw__req *r);
 void kw__run_stats(kw__req *r);
 void kw__run_evict(kw__req *r);
 void kw__run_warmup(kw__req *r);
+void kw__run_misses(kw__req *r);
 
 /* A client connection.  Freed in the uv_close callback of its pipe, once
  * no compile still holds a reference to it (refs). */

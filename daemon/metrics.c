@@ -37,7 +37,7 @@ static const double get_bounds[KW__GET_BUCKETS] = {
     0.25, 1, 5, 30};
 
 static const char *const req_names[KW__REQ_TYPES] = {
-    "ping", "keys", "warmup", "get", "stats", "evict"};
+    "ping", "keys", "warmup", "get", "stats", "evict", "misses"};
 
 void kw__metrics_request(kw__daemon *d, uint16_t type, bool ok)
 {

@@ -476,7 +476,9 @@ static inline size_t kwc_take_items(kwr *r, cJSON *items)
     cJSON *arr = cJSON_GetObjectItemCaseSensitive(r->hdr, "results");
     if (arr == NULL)
         arr = cJSON_GetObjectItemCaseSensitive(r->hdr, "keys");
-    cr_assert(cJSON_IsArray(arr), "PROGRESS frame without results or keys");
+    if (arr == NULL)
+        arr = cJSON_GetObjectItemCaseSensitive(r->hdr, "misses");
+    cr_assert(cJSON_IsArray(arr), "PROGRESS frame without results, keys or misses");
     size_t n = 0;
     for (; arr->child != NULL; n++)
         cJSON_AddItemToArray(items, cJSON_DetachItemViaPointer(arr, arr->child));

@@ -25,7 +25,7 @@ import struct
 
 MAGIC = 0x4D52574B
 VERSION = 2
-PING, KEYS, WARMUP, GET, STATS, EVICT = 1, 2, 3, 4, 5, 6
+PING, KEYS, WARMUP, GET, STATS, EVICT, MISSES = 1, 2, 3, 4, 5, 6, 7
 PONG, RESULT, PROGRESS, ERROR = 64, 65, 66, 67
 HEAD = struct.Struct("<IHHII")
 MAX_HEADER = 64 * 1024          # request headers
@@ -173,6 +173,14 @@ class Client:
         """The statistics dict of `kwarm stats --json`: the cache's counts
         (entries, bytes, max_size, hits, misses, ...) and kwarmd's."""
         return self._call(STATS)[1]
+
+    def misses(self, since=0):
+        """The miss audit: gets kwarmd could not answer from its cache in the
+        last `since` seconds (0: all it keeps), each with its nearest cached
+        key, the fields that differ and the pins holding that key."""
+        doc, items = self._stream(MISSES, {"since": since}, "misses")
+        doc["misses"] = items
+        return doc
 
     def evict(self, digest):
         """Removes the entry of digest (64 hex digits); True when there was

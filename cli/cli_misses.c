@@ -1,0 +1,135 @@
+/* cli_misses.c: `kwarm misses`, the miss audit (issue 13 point 6).
+ *
+ * Every get kwarmd could not answer from its cache, newest last, each with
+ * the nearest cached key of its family and arch, the fields that differ
+ * (both values) and the pin sets that hold that nearest key.  A warmup that
+ * read its settings from the wrong level of a composite config shows up
+ * here as misses whose nearest key differs in exactly those fields.
+ */
+#include "cli.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cjson/cJSON.h>
+
+#include "kw_client.h"
+#include "kw_err.h"
+
+static const char misses_usage[] =
+    "usage: kwarm misses [--since AGE] [--socket PATH] [--json]\n"
+    "\n"
+    "Lists the gets kwarmd could not answer from its cache (the last 10,000),\n"
+    "each with the nearest cached key of the same family and arch, the fields\n"
+    "that differ (requested and cached) and the pins that hold that key.\n"
+    "\n"
+    "  --since AGE                only the last AGE: 90s, 30m, 1h, 7d, 2w\n"
+    "  --socket PATH              kwarmd's socket ($KWARM_SOCKET, else\n"
+    "                             $XDG_RUNTIME_DIR/kwarm.sock, or\n"
+    "                             /run/kwarm/kwarm.sock for root)\n"
+    "  --json                     {\"count\", \"since\", \"misses\": [...]}\n"
+    "  -h, --help                 this text\n";
+
+/* One miss: when, who, what, and the nearest key's differences. */
+static void print_miss(const cJSON *m)
+{
+    char when[32];
+    time_t t = (time_t)cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(m, "time"));
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    const cJSON *key = cJSON_GetObjectItemCaseSensitive(m, "key");
+    const char *fam = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(key, "family"));
+    const char *arch = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(key, "arch"));
+    printf("%s uid %.0f pid %.0f %.16s %s %s: %s\n", when,
+           cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(m, "uid")),
+           cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(m, "pid")),
+           cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(m, "digest")),
+           fam ? fam : "(by digest)", arch ? arch : "",
+           cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(m, "outcome")));
+    const cJSON *near = cJSON_GetObjectItemCaseSensitive(m, "nearest");
+    if (!cJSON_IsObject(near)) {
+        printf("    no cached key of this family and arch\n");
+        return;
+    }
+    printf("    nearest cached %.16s", cJSON_GetStringValue(
+                                          cJSON_GetObjectItemCaseSensitive(near, "digest")));
+    const cJSON *p;
+    int np = 0;
+    cJSON_ArrayForEach(p, cJSON_GetObjectItemCaseSensitive(near, "pins"))
+        printf("%s%s", np++ ? ", " : " (pinned by ", p->valuestring);
+    printf("%s\n", np ? ")" : " (not pinned)");
+    const cJSON *d;
+    cJSON_ArrayForEach(d, cJSON_GetObjectItemCaseSensitive(near, "differ"))
+        printf("    %s: requested %.0f, cached %.0f\n",
+               cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(d, "field")),
+               cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(d, "requested")),
+               cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(d, "cached")));
+}
+
+/* Parses the flags; -1 to go on, else an exit code. */
+static int parse(int argc, char **argv, const char **sock, int64_t *since,
+                 bool *json)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            printf("%s", misses_usage);
+            return KW_CLI_OK;
+        } else if (strcmp(a, "--json") == 0) {
+            *json = true;
+        } else if (kw__cli_is(a, "--socket")) {
+            if ((*sock = kw__cli_value("misses", argc, argv, &i)) == NULL)
+                return KW_CLI_USAGE;
+        } else if (kw__cli_is(a, "--since")) {
+            if ((v = kw__cli_value("misses", argc, argv, &i)) == NULL)
+                return KW_CLI_USAGE;
+            if ((*since = kw__cli_age(v)) <= 0) {
+                kw__cli_err("misses", "--since: '%.32s' is not an age (90s, 30m, "
+                            "1h, 7d, 2w)", v);
+                return KW_CLI_USAGE;
+            }
+        } else {
+            kw__cli_err("misses", "%s: unknown argument (see kwarm misses --help)", a);
+            return KW_CLI_USAGE;
+        }
+    }
+    return -1;
+}
+
+int kw__cli_misses(int argc, char **argv)
+{
+    const char *sock = NULL;
+    int64_t since = 0;
+    bool json = false;
+    int rc = parse(argc, argv, &sock, &since, &json);
+    if (rc >= 0)
+        return rc;
+    kw_client *c = NULL;
+    char err[512], *res = NULL;
+    if (kw_client_connect(&c, sock, 10000, err, sizeof err) < 0) {
+        kw__cli_err("misses", "cannot reach kwarmd: %s", err);
+        return KW_CLI_RUNTIME;
+    }
+    if (kw_client_misses(c, (uint64_t)since, &res) < 0) {
+        kw__cli_err("misses", "%s", kw_client_last_error(c));
+        kw_client_close(c);
+        return KW_CLI_RUNTIME;
+    }
+    cJSON *doc = cJSON_Parse(res);
+    if (json) {
+        printf("%s\n", res);
+    } else {
+        const cJSON *m;
+        cJSON_ArrayForEach(m, cJSON_GetObjectItemCaseSensitive(doc, "misses"))
+            print_miss(m);
+        printf("%.0f misses\n",
+               cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(doc, "count")));
+    }
+    cJSON_Delete(doc);
+    free(res);
+    kw_client_close(c);
+    return KW_CLI_OK;
+}
