@@ -83,7 +83,7 @@ static void histogram(FILE *f, const char *name, const char *help,
                 (unsigned long long)cum);
     }
     cum += bucket[nb];
-    fprintf(f, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.17g\n%s_count %llu\n",
+    fprintf(f, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.9g\n%s_count %llu\n",
             name, (unsigned long long)cum, name, sum, name,
             (unsigned long long)cum);
 }

@@ -93,7 +93,7 @@ typedef void (*kw_warm_result_fn)(const kw_warm_result *r, void *arg);
 
 /* The compile-time histogram: KW_WARM_COMPILE_BUCKETS upper bounds in
  * seconds (kw_warm_compile_bounds()), then +Inf. */
-#define KW_WARM_COMPILE_BUCKETS 11
+#define KW_WARM_COMPILE_BUCKETS 13
 
 /* The bounds, ascending (a static array). */
 const double *kw_warm_compile_bounds(void);
