@@ -38,6 +38,9 @@ static const double get_bounds[KW__GET_BUCKETS] = {
 
 static const char *const req_names[KW__REQ_TYPES] = {
     "ping", "keys", "warmup", "get", "stats", "evict", "misses"};
+/* A new request type must be named here, or its requests go uncounted and
+ * the metrics' sum stops matching `requests`. */
+_Static_assert(KW_PROTO_MISSES == KW__REQ_TYPES, "name every request type");
 
 void kw__metrics_request(kw__daemon *d, uint16_t type, bool ok)
 {
