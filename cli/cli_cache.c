@@ -48,7 +48,7 @@ static const char get_usage[] =
 
 static const char stats_usage[] =
     "usage: kwarm stats --cache DIR [--json]\n"
-    "       kwarm stats [--socket PATH] [--json]   (ask kwarmd)\n"
+    "       kwarm stats [--socket PATH] [--json | --prometheus]   (ask kwarmd)\n"
     "\n"
     "Prints the cache's entries, bytes, size limit, hits, misses, compiles,\n"
     "compile failures, evictions, corrupt entries found, pinned entries and\n"
@@ -58,6 +58,8 @@ static const char stats_usage[] =
     "  --cache DIR                the cache directory\n"
     "  --socket PATH              ask kwarmd on PATH instead\n"
     "  --json                     one JSON object with those fields\n"
+    "  --prometheus               (kwarmd only) the text kwarmd\n"
+    "                             --metrics-listen serves\n"
     "  -h, --help                 this text\n";
 
 typedef struct get_opts {
