@@ -97,8 +97,8 @@ static void loop_metrics(FILE *f, kw__daemon *d)
     head(f, "kwarm_build_info", "gauge", "kwarmd's version (always 1)");
     fprintf(f, "kwarm_build_info{version=\"%s\"} 1\n", d->version);
     head(f, "kwarm_requests_total", "counter",
-         "Requests answered, by type; result error: an error reply, or the "
-         "client left first");
+         "Requests answered, by type; result error: an error reply, or a "
+         "get whose client left before its compile ended");
     for (size_t t = 0; t < KW__REQ_TYPES; t++)
         for (size_t ok = 0; ok < 2; ok++)
             fprintf(f, "kwarm_requests_total{type=\"%s\",result=\"%s\"} %llu\n",

@@ -25,7 +25,7 @@ struct kw__daemon;
  * by any thread). */
 typedef struct kw__metrics_counters {
     /* requests ended, by type - 1, [0] answered, [1] answered by an ERROR
-     * frame (or lost with their connection) */
+     * frame (or a compiling get whose connection closed first) */
     _Atomic uint64_t requests[KW__REQ_TYPES][2];
     /* gets by seconds from dispatch to reply: per bucket, and the sum */
     _Atomic uint64_t get_buckets[KW__GET_BUCKETS + 1];
