@@ -118,8 +118,8 @@ static void *client(void *arg)
             free(res);
             atomic_fetch_add(&s->stats, 1);
         }
-        if (rc < 0)
-            atomic_fetch_add(&s->failed, 1);
+        if (rc < 0 && atomic_fetch_add(&s->failed, 1) < 5)
+            fprintf(stderr, "soak: a request failed: %s\n", kw_client_last_error(c));
     }
     kw_client_close(c);
     return NULL;

@@ -68,8 +68,11 @@ static void *soak_big_warmups(void *arg)
             rc = kw_client_evict(c, dg->valuestring, &evicted);
         atomic_fetch_add(&s->big_warmups, 1);
         atomic_fetch_add(&s->evicts, 1);
-        if (rc < 0 || !evicted)
+        if (rc < 0 || !evicted) {
             atomic_fetch_add(&s->failed, 1);
+            fprintf(stderr, "soak: big warmup or evict failed (rc %d, evicted %d): "
+                    "%s\n", rc, evicted, kw_client_last_error(c));
+        }
         cJSON_Delete(doc);
         free(res);
         while (bench_now_ns() < next && bench_now_ns() < s->deadline)

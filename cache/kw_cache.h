@@ -167,6 +167,24 @@ int kw_cache_put(kw_cache *c, const uint8_t digest[KW_CACHE_DIGEST_LEN],
                  const kw_cache_info *info, const void *blob, size_t len,
                  bool pin, bool *stored);
 
+/* One put of kw_cache_put_many(); every pointer borrowed for the call. */
+typedef struct kw_cache_item {
+    const uint8_t *digest;      /* KW_CACHE_DIGEST_LEN bytes */
+    const kw_cache_info *info;  /* may be NULL */
+    const void *blob;
+    size_t len;
+    bool pin;
+} kw_cache_item;
+
+/* Stores n entries in one write transaction (one commit, one fsync: a
+ * group commit), each as kw_cache_put() would, an entry already there
+ * left alone.  rcs[i] gets item i's code.  When the transaction as a whole
+ * fails (an item that cannot fit, say), each item is retried alone, so
+ * every item gets its own answer.  Returns 0, or KW_ENOMEM with nothing
+ * tried (rcs untouched). */
+int kw_cache_put_many(kw_cache *c, const kw_cache_item *items, size_t n,
+                      int *rcs);
+
 /* Fetches the entry: *blob is a new malloc'd copy (the caller frees it),
  * *len its size, *info (may be NULL) its metadata.  The checksum is
  * verified on the copy handed out; the hit is recorded for the next flush.

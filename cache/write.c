@@ -9,6 +9,7 @@
 #include "kw_cache.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
 #if defined(__x86_64__) || defined(__i386__)
@@ -216,32 +217,87 @@ static int put_fn(kw_cache *c, MDB_txn *txn, void *arg)
     return rc;
 }
 
-int kw_cache_put(kw_cache *c, const uint8_t digest[KW_CACHE_DIGEST_LEN],
-                 const kw_cache_info *info, const void *blob, size_t len,
-                 bool pin, bool *stored)
+/* Checks one put's arguments and fills its request (the checksum is
+ * computed here, before any transaction: the write lock is held for LMDB
+ * only).  0, KW_EINVAL or KW_EROFS. */
+static int put_prepare(kw_cache *c, put_req *r, const uint8_t *digest,
+                       const kw_cache_info *info, const void *blob, size_t len,
+                       bool pin)
 {
-    if (stored)
-        *stored = false;
     if (!c || !digest || !blob || len == 0 || len > KW_CACHE_MAX_BLOB ||
         (info && !kw__cache_info_ok(info)))
         return KW_EINVAL;
     if (c->read_only)
         return KW_EROFS;
-    put_req r = {.digest = digest, .blob = blob, .len = len};
+    *r = (put_req){.digest = digest, .blob = blob, .len = len};
     if (info)
-        r.m.info = *info;
-    r.m.info.size = len;
-    r.m.info.hits = 0;
-    r.m.info.pinned = pin;
-    r.m.tick = r.m.created_ns = kw__cache_tick(c);
-    /* hashed before the transaction: the write lock is held for LMDB only */
+        r->m.info = *info;
+    r->m.info.size = len;
+    r->m.info.hits = 0;
+    r->m.info.pinned = pin;
+    r->m.tick = r->m.created_ns = kw__cache_tick(c);
     XXH128_canonical_t sum;
     XXH128_canonicalFromHash(&sum, XXH3_128bits(blob, len));
-    memcpy(r.m.sum, sum.digest, sizeof r.m.sum);
-    int rc = kw__cache_write(c, put_fn, &r, len);
+    memcpy(r->m.sum, sum.digest, sizeof r->m.sum);
+    return 0;
+}
+
+int kw_cache_put(kw_cache *c, const uint8_t digest[KW_CACHE_DIGEST_LEN],
+                 const kw_cache_info *info, const void *blob, size_t len,
+                 bool pin, bool *stored)
+{
+    put_req r;
+    if (stored)
+        *stored = false;
+    int rc = put_prepare(c, &r, digest, info, blob, len, pin);
+    if (rc == 0)
+        rc = kw__cache_write(c, put_fn, &r, len);
     if (rc == 0 && stored)
         *stored = r.stored;
     return rc;
+}
+
+/* A batch of puts in one transaction. */
+typedef struct batch_req {
+    put_req *r;
+    size_t n;
+} batch_req;
+
+static int batch_fn(kw_cache *c, MDB_txn *txn, void *arg)
+{
+    batch_req *b = arg;
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < b->n; i++)
+        rc = put_fn(c, txn, &b->r[i]);
+    return rc;
+}
+
+int kw_cache_put_many(kw_cache *c, const kw_cache_item *items, size_t n,
+                      int *rcs)
+{
+    put_req *r = calloc(n ? n : 1, sizeof *r);
+    if (r == NULL)
+        return KW_ENOMEM;
+    size_t ok = 0;
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < n; i++) {
+        const kw_cache_item *it = &items[i];
+        rcs[i] = put_prepare(c, &r[ok], it->digest, it->info, it->blob, it->len,
+                             it->pin);
+        if (rcs[i] == 0)
+            bytes += r[ok++].len;
+    }
+    batch_req b = {r, ok};
+    int rc = ok > 0 ? kw__cache_write(c, batch_fn, &b, bytes) : 0;
+    /* The whole batch failed (one put could not fit, say): each alone, so
+     * every item gets its own answer and one item's failure is its own. */
+    for (size_t i = 0, j = 0; rc < 0 && i < n; i++)
+        if (rcs[i] == 0) {
+            rcs[i] = kw__cache_write(c, put_fn, &r[j], r[j].len);
+            j++;
+        }
+    free(r);
+    return 0;
 }
 
 static int remove_fn(kw_cache *c, MDB_txn *txn, void *arg)

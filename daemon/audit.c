@@ -70,7 +70,9 @@ static bool from_json(const cJSON *o, kw__miss *m)
             m->outcome = i;
     for (int i = 0; i < KW_KEYS_DIGEST_LEN; i++)
         sscanf(dg->valuestring + 2 * i, "%2hhx", &m->key.digest[i]);
-    m->have_key = cJSON_IsObject(k) && kw__key_from_json(k, &m->key) == 0;
+    char err[160];
+    m->have_key = cJSON_IsObject(k) && kw__key_from_json(k, &m->key, err,
+                                                          sizeof err) == 0;
     return true;
 }
 

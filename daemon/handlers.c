@@ -171,15 +171,18 @@ static int get_reply(kw__conn *c, const uint8_t *digest, bool compiled,
     return 0;
 }
 
-int kw__key_from_json(const cJSON *h, kw_keys_key *k)
+int kw__key_from_json(const cJSON *h, kw_keys_key *k, char *err, size_t errlen)
 {
     const cJSON *fam = cJSON_GetObjectItemCaseSensitive(h, "family");
     const cJSON *fields = cJSON_GetObjectItemCaseSensitive(h, "fields");
     const cJSON *arch = cJSON_GetObjectItemCaseSensitive(h, "arch");
     if (!cJSON_IsString(fam) || !cJSON_IsObject(fields) || !cJSON_IsString(arch) ||
         kw_keys_family_from_name(fam->valuestring, &k->family) < 0 ||
-        snprintf(k->arch, sizeof k->arch, "%s", arch->valuestring) >= (int)sizeof k->arch)
+        snprintf(k->arch, sizeof k->arch, "%s", arch->valuestring) >= (int)sizeof k->arch) {
+        snprintf(err, errlen, "get: needs \"digest\", or a known \"family\", "
+                 "\"fields\" and \"arch\"");
         return KW_EINVAL;
+    }
     for (size_t i = 0; i < kw_keys_nfields(k->family); i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(fields,
                                                           kw_keys_field_name(k->family, i));
@@ -187,11 +190,14 @@ int kw__key_from_json(const cJSON *h, kw_keys_key *k)
          * must not truncate into another key's value. */
         bool num = cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble) &&
                    fabs(v->valuedouble) <= 2147483647.0;
-        if (!num && !cJSON_IsBool(v))
+        if (!num && !cJSON_IsBool(v)) {
+            snprintf(err, errlen, "get: /fields/%s: missing or not an integer",
+                     kw_keys_field_name(k->family, i));
             return KW_EINVAL;
+        }
         k->fields[i] = cJSON_IsBool(v) ? cJSON_IsTrue(v) : (int64_t)v->valuedouble;
     }
-    return kw_keys_digest(k, k->digest) < 0 ? KW_EINVAL : 0;
+    return kw_keys_digest(k, k->digest);
 }
 
 /* Reads a get's key: {"digest": HEX} or {"family", "fields": {...},
@@ -211,13 +217,9 @@ static int get_key(const cJSON *h, kw_keys_key *k, bool *have_key, char *err,
         snprintf(err, errlen, "get: \"digest\" must be 64 hex digits");
         return KW_EINVAL;
     }
-    if (kw__key_from_json(h, k) < 0) {
-        snprintf(err, errlen, "get: needs \"digest\", or a known \"family\", "
-                 "\"fields\" (integers) and \"arch\"");
-        return KW_EINVAL;
-    }
-    *have_key = true;
-    return 0;
+    int rc = kw__key_from_json(h, k, err, errlen);
+    *have_key = rc == 0;
+    return rc;
 }
 
 /* Records a get that missed, for `kwarm misses`. */

@@ -68,8 +68,8 @@ const char *kw__audit_outcome_name(int outcome);
 uint64_t kw__audit_now(void);
 
 /* Reads {"family", "fields": {...}, "arch"} into k (digest computed);
- * 0 or KW_EINVAL with nothing said (handlers.c). */
-int kw__key_from_json(const cJSON *h, kw_keys_key *k);
+ * 0, or KW_EINVAL with the field at fault in err (handlers.c). */
+int kw__key_from_json(const cJSON *h, kw_keys_key *k, char *err, size_t errlen);
 
 /* A frame for a connection, or the end of its request, made on any thread
  * and handed to the loop thread by kw__daemon_post(). */

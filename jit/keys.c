@@ -207,8 +207,11 @@ static int derive_setup(derive_in *in, int64_t *rp, int64_t *rs,
     if (d->dcp_rank == KW_CONFIG_RANK_ALL &&
         (uint64_t)d->dcp_world * d->narch > KW_KEYS_MAX) {
         kw__config_errf(err, errlen, "--dcp-rank: 'all' over dcp_world %lld "
-                        "derives more than %u keys; pass one rank",
-                        (long long)d->dcp_world, KW_KEYS_MAX);
+                        "on %zu arch%s derives at least %llu keys, over the "
+                        "limit of %u keys a request; pass one rank",
+                        (long long)d->dcp_world, (size_t)d->narch,
+                        d->narch == 1 ? "" : "s",
+                        (unsigned long long)d->dcp_world * d->narch, KW_KEYS_MAX);
         return KW_EDEPLOY;
     }
     return 0;

@@ -428,7 +428,8 @@ Test(daemon, ping_returns_the_version)
     char want[128];
     snprintf(want, sizeof want, "kwarmd %s\n", kwr_str(&r, "version"));
     cr_expect(kwr_str(&r, "version")[0] != '\0', "PONG without a version");
-    cr_expect_str_eq(out, want, "kwarmd --version and PONG disagree");
+    cr_expect(strncmp(out, want, strlen(want)) == 0, "kwarmd --version (%s) and "
+              "PONG (%s) disagree", out, want);
     free(out);
     kwr_free(&r);
     cr_expect_eq(kwc_stat(&c, "requests"), 2); /* the ping and this stats */

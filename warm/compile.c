@@ -115,46 +115,12 @@ static void fill_info(kw_cache_info *info, const kw_keys_key *k,
     info->compile_seconds = r->seconds;
 }
 
-/* What a flight came to: a status for its waiters, a code and a log. */
-typedef struct outcome {
-    kw_warm_status status;
-    int rc;
-    char *log; /* malloc'd or NULL */
-} outcome;
 
 /* kw_remote_stop_fn: a wait on another node's lease ends on stop. */
 static bool is_stopping(void *arg)
 {
     kw_warm *w = arg;
     return atomic_load(&w->stopping_flag);
-}
-
-/* Stores a compiled cubin; on failure the outcome carries the cache's
- * reason.  The cache's persistent counters follow warm's meaning. */
-static void store(kw_warm *w, flight *f, kw__pool_result *r, outcome *out,
-                  kw_cache_info *info)
-{
-    bool stored = false;
-    fill_info(info, &f->key, r);
-    if (f->purge)
-        kw_cache_flush(w->o.cache); /* removes the corrupt copy first */
-    int rc = kw_cache_put(w->o.cache, f->key.digest, info, r->cubin,
-                          r->cubin_len, false, &stored);
-    if (rc == 0) {
-        atomic_fetch_add(&w->st.compiles, 1);
-        atomic_fetch_add(&w->st.fam_compiles[f->key.family], 1);
-        kw_cache_count(w->o.cache, KW_CACHE_COMPILES, 1);
-        out->status = KW_WARM_COMPILED;
-        return;
-    }
-    atomic_fetch_add(&w->st.store_failures, 1);
-    const char *why = kw_cache_last_error(w->o.cache);
-    size_t n = strlen(why) + 64;
-    if ((out->log = malloc(n)) != NULL)
-        snprintf(out->log, n, "store: %s%s%s", kw_strerror(rc),
-                 why[0] ? ": " : "", why);
-    out->status = KW_WARM_FAILED;
-    out->rc = rc;
 }
 
 static uint64_t now_ns(void)
@@ -175,8 +141,10 @@ static void observe_compile(kw_warm *w, uint64_t ns)
     atomic_fetch_add(&w->st.compile_ns, ns);
 }
 
-/* Fetches, or compiles and stores, flight f (no lock held). */
-static void run_flight(kw_warm *w, flight *f, outcome *out)
+/* Fetches, or compiles, flight f (no lock held).  Returns true when f
+ * went on to the store stage, which finishes it; else the caller does,
+ * with *out. */
+static bool run_flight(kw_warm *w, flight *f, outcome *out)
 {
     kw_remote_lease lease;
     kw_remote *remote = w->o.remote;
@@ -187,7 +155,7 @@ static void run_flight(kw_warm *w, flight *f, outcome *out)
         atomic_fetch_add(&w->st.remote_hits, 1);
         atomic_fetch_add(&w->st.fam_remote_hits[f->key.family], 1);
         out->status = KW_WARM_REMOTE_HIT;
-        return;
+        return false;
     }
     kw__pool_result r = {0};
     kw_cache_info info = {0};
@@ -198,7 +166,8 @@ static void run_flight(kw_warm *w, flight *f, outcome *out)
         observe_compile(w, now_ns() - t0);
     atomic_fetch_sub(&w->st.compiling, 1);
     if (rc == 0) {
-        store(w, f, &r, out, &info);
+        fill_info(&info, &f->key, &r);
+        out->status = KW_WARM_COMPILED; /* for the write-back; store decides */
     } else if (rc == -ECANCELED) {
         out->status = KW_WARM_CANCELLED;
     } else {
@@ -213,7 +182,10 @@ static void run_flight(kw_warm *w, flight *f, outcome *out)
         kw_remote_end(remote, &lease, &info,
                       out->status == KW_WARM_COMPILED ? r.cubin : NULL,
                       out->status == KW_WARM_COMPILED ? r.cubin_len : 0);
+    if (rc == 0)
+        kw__warm_store_push(w, f, &r, &info); /* the store stage finishes f */
     kw__pool_result_destroy(&r);
+    return rc == 0;
 }
 
 /* True when every waiter's job was cancelled: nobody wants the result. */
@@ -225,9 +197,7 @@ static bool unwanted(const flight *f)
     return true;
 }
 
-/* Takes f out of the table (unless already out) and serves every waiter
- * with the outcome. */
-static void finish(kw_warm *w, flight *f, bool in_table, const outcome *o)
+void kw__warm_finish(kw_warm *w, flight *f, bool in_table, const outcome *o)
 {
     pthread_mutex_lock(&w->mu);
     if (in_table)
@@ -300,9 +270,8 @@ void *kw__warm_compile_main(void *arg)
             table_remove(w, f);
         pthread_mutex_unlock(&w->mu);
         outcome o = {KW_WARM_CANCELLED, -ECANCELED, NULL};
-        if (!skip)
-            run_flight(w, f, &o);
-        finish(w, f, !skip, &o);
+        if (skip || !run_flight(w, f, &o))
+            kw__warm_finish(w, f, !skip, &o);
         free(o.log);
         pthread_mutex_lock(&w->mu);
     }

@@ -72,6 +72,13 @@ struct kw_warm {
     bool have_intake;
     pthread_t *compilers;
     unsigned ncompilers;
+    /* The store stage.  store_mu guards store_head/tail, store_stop. */
+    pthread_mutex_t store_mu;
+    pthread_cond_t store_cv;
+    struct stored *store_head, *store_tail;
+    bool store_stop;
+    pthread_t store_thread;
+    bool have_store;
     warm_counters st;
 };
 
@@ -94,5 +101,23 @@ flight *kw__warm_flight_new(kw_warm *w, const kw_keys_key *k);
 
 /* A compile thread's main: takes flights until stopping and drained. */
 void *kw__warm_compile_main(void *arg);
+
+/* What a flight came to: a status for its waiters, a code and a log. */
+typedef struct outcome {
+    kw_warm_status status;
+    int rc;
+    char *log; /* malloc'd or NULL */
+} outcome;
+
+/* Takes f out of the table (unless already out), serves every waiter with
+ * o and frees f (compile.c).  No lock held. */
+void kw__warm_finish(kw_warm *w, flight *f, bool in_table, const outcome *o);
+
+/* The store stage (store.c): compiled flights wait here for a group
+ * commit, so one LMDB transaction (one fsync) stores every result ready
+ * at that moment, up to opts.store_batch.  push takes r's cubin and log. */
+void kw__warm_store_push(kw_warm *w, flight *f, kw__pool_result *r,
+                         const kw_cache_info *info);
+void *kw__warm_store_main(void *arg);
 
 #endif /* KW_WARM_INTERNAL_H */

@@ -10,8 +10,10 @@
  *   3. a flight first asks the fleet tier (cache/kw_remote.h) when one is
  *      configured: an entry there is backfilled locally ("remote hit");
  *   4. otherwise it is compiled by a worker process (warm/pool.h: the
- *      kwarm-compile helper, with a time and a memory limit), stored by one
- *      put (blob, metadata, checksum) and written back to the fleet tier;
+ *      kwarm-compile helper, with a time and a memory limit), written back
+ *      to the fleet tier and stored: the store stage commits every result
+ *      ready at that moment in one transaction (group commit, up to
+ *      store_batch), each entry whole (blob, metadata, checksum);
  *   5. every key gets exactly one result: hit, remote hit, compiled, failed
  *      (with the code and the NVRTC log or the worker's reason) or
  *      cancelled (the pipeline or the job was stopped first).
@@ -51,6 +53,9 @@ typedef struct kw_warm_opts {
     unsigned compile_timeout_ms; /* per compile; 0: 120 s */
     uint64_t mem_limit;  /* bytes per worker; 0: 4 GiB */
     const char *helper;  /* kwarm-compile; NULL: found beside the program */
+    unsigned store_batch; /* compiled keys stored by one transaction at
+                             most (group commit); 0: 64; 1: one commit
+                             per key */
     bool verify_hits;    /* a hit is read and its checksum verified (a
                             corrupt entry is removed and compiled again);
                             else a hit is the entry's existence */

@@ -277,6 +277,8 @@ static void warm_free(kw_warm *w)
     pthread_cond_destroy(&w->intake_cv);
     pthread_cond_destroy(&w->compile_cv);
     pthread_cond_destroy(&w->idle_cv);
+    pthread_mutex_destroy(&w->store_mu);
+    pthread_cond_destroy(&w->store_cv);
     free(w);
 }
 
@@ -286,6 +288,9 @@ static int start_threads(kw_warm *w)
     if (pthread_create(&w->intake, NULL, intake_main, w) != 0)
         return KW_ENOMEM;
     w->have_intake = true;
+    if (pthread_create(&w->store_thread, NULL, kw__warm_store_main, w) != 0)
+        return KW_ENOMEM;
+    w->have_store = true;
     for (; w->ncompilers < w->o.jobs; w->ncompilers++)
         if (pthread_create(&w->compilers[w->ncompilers], NULL,
                            kw__warm_compile_main, w) != 0)
@@ -308,6 +313,8 @@ int kw_warm_open(kw_warm **out, const kw_warm_opts *o, char *err,
     pthread_cond_init(&w->intake_cv, NULL);
     pthread_cond_init(&w->compile_cv, NULL);
     pthread_cond_init(&w->idle_cv, NULL);
+    pthread_mutex_init(&w->store_mu, NULL);
+    pthread_cond_init(&w->store_cv, NULL);
     kw__pool_opts po = {.helper = o->helper, .jobs = w->o.jobs,
                         .timeout_ms = o->compile_timeout_ms,
                         .mem_limit = o->mem_limit};
@@ -374,7 +381,15 @@ void kw_warm_close(kw_warm *w)
         pthread_join(w->intake, NULL);
     for (unsigned i = 0; i < w->ncompilers; i++)
         pthread_join(w->compilers[i], NULL);
+    /* Compiles are over; the store stage commits what they left, then
+     * leaves. */
+    pthread_mutex_lock(&w->store_mu);
+    w->store_stop = true;
+    pthread_cond_broadcast(&w->store_cv);
+    pthread_mutex_unlock(&w->store_mu);
+    if (w->have_store)
+        pthread_join(w->store_thread, NULL);
     /* Every job got its last callback: the intake reported its keys, the
-     * compile threads drained their queue before leaving. */
+     * compile threads drained their queue, the store stage its own. */
     warm_free(w);
 }
