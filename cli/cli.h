@@ -160,9 +160,13 @@ int kw__cli_parse(const char *cmd, int argc, char **argv,
                   const kw__cli_opt *opts, size_t nopts, const char **pos,
                   const char *usage);
 
-/* The --socket form of a cache-admin command that kwarmd does not serve
- * yet: prints so and returns KW_CLI_USAGE. */
-int kw__cli_no_socket(const char *cmd);
+/* Sends the admin request `request` (ls, evict, pins, unpin, resize)
+ * with header to kwarmd at sock (NULL: the default socket) and returns its
+ * reply document in *doc (the caller's).  Prints why on failure.  Returns
+ * an exit code. */
+struct cJSON;
+int kw__cli_via_daemon(const char *cmd, const char *sock, const char *request,
+                       const struct cJSON *header, struct cJSON **doc);
 
 /* Printing the documents of ls, evict, pins, unpin and resize.  Each takes
  * the JSON a kwarmd request of that name returns (--json prints it as it

@@ -17,7 +17,9 @@
 #include <cjson/cJSON.h>
 
 #include "kw_cache.h"
+#include "kw_client.h"
 #include "kw_err.h"
+#include "kw_warm.h"
 #include "kw_parse.h"
 
 int kw__cli_parse(const char *cmd, int argc, char **argv,
@@ -50,10 +52,26 @@ int kw__cli_parse(const char *cmd, int argc, char **argv,
     return -1;
 }
 
-int kw__cli_no_socket(const char *cmd)
+int kw__cli_via_daemon(const char *cmd, const char *sock, const char *request,
+                       const cJSON *header, cJSON **doc)
 {
-    kw__cli_err(cmd, "not yet supported through kwarmd; use --cache DIR");
-    return KW_CLI_USAGE;
+    kw_client *c = NULL;
+    char err[512], *hdr = cJSON_PrintUnformatted(header), *res = NULL;
+    int rc = kw_client_connect(&c, sock, 30000, err, sizeof err);
+    if (rc < 0) {
+        kw__cli_err(cmd, "cannot reach kwarmd: %s", err);
+        free(hdr);
+        return KW_CLI_RUNTIME;
+    }
+    rc = hdr ? kw_client_admin(c, request, hdr, &res) : KW_ENOMEM;
+    if (rc < 0)
+        kw__cli_err(cmd, "%s", kw_client_last_error(c));
+    else if ((*doc = cJSON_Parse(res)) == NULL)
+        rc = KW_ENOMEM;
+    free(hdr);
+    free(res);
+    kw_client_close(c);
+    return rc == 0 ? KW_CLI_OK : rc == KW_EINVAL ? KW_CLI_USAGE : KW_CLI_RUNTIME;
 }
 
 void kw__cli_print_json(const cJSON *doc)
@@ -106,36 +124,10 @@ static const char pins_usage[] =
     "are never evicted for size; kwarm unpin NAME releases them.\n"
     "\n"
     "  --cache DIR                the cache directory (works read-only)\n"
-    "  --socket PATH              ask kwarmd (not yet supported)\n"
+    "  --socket PATH              ask kwarmd instead (its cache)\n"
     "  --json                     {\"pins\": [{\"name\", \"digests\", \"entries\",\n"
     "                             \"bytes\", \"created\"}]}\n"
     "  -h, --help                 this text\n";
-
-static int pin_to_json(const kw_cache_pin_info *p, void *arg)
-{
-    cJSON *o = cJSON_CreateObject();
-    if (o == NULL || !cJSON_AddItemToArray(arg, o))
-        return KW_ENOMEM;
-    cJSON_AddStringToObject(o, "name", p->name);
-    cJSON_AddNumberToObject(o, "digests", (double)p->digests);
-    cJSON_AddNumberToObject(o, "entries", (double)p->entries);
-    cJSON_AddNumberToObject(o, "bytes", (double)p->bytes);
-    cJSON_AddNumberToObject(o, "created", (double)p->created);
-    return 0;
-}
-
-/* The pins document of cache c (what a kwarmd "pins" request returns). */
-static int pins_doc(kw_cache *c, cJSON **out)
-{
-    cJSON *doc = cJSON_CreateObject();
-    cJSON *arr = cJSON_AddArrayToObject(doc, "pins");
-    int rc = arr != NULL ? kw_cache_pins_foreach(c, pin_to_json, arr) : KW_ENOMEM;
-    if (rc < 0)
-        cJSON_Delete(doc);
-    else
-        *out = doc;
-    return rc;
-}
 
 void kw__cli_print_pins(const cJSON *doc, bool json)
 {
@@ -171,13 +163,20 @@ int kw__cli_pins(int argc, char **argv)
     int rc = kw__cli_parse("pins", argc, argv, opts, 3, NULL, pins_usage);
     if (rc >= 0)
         return rc;
-    if (dir == NULL || sock != NULL)
-        return kw__cli_no_socket("pins");
     kw_cache *c = NULL;
     cJSON *doc = NULL;
+    if (dir == NULL) { /* through kwarmd */
+        cJSON *h = cJSON_CreateObject();
+        rc = kw__cli_via_daemon("pins", sock, "pins", h, &doc);
+        cJSON_Delete(h);
+        if (rc == KW_CLI_OK)
+            kw__cli_print_pins(doc, json);
+        cJSON_Delete(doc);
+        return rc;
+    }
     if ((rc = kw__cli_cache_open("pins", dir, KW_CLI_READ, &c)) != KW_CLI_OK)
         return rc;
-    if ((rc = pins_doc(c, &doc)) < 0)
+    if ((rc = kw_warm_pins(c, &doc)) < 0)
         kw__cli_err("pins", "%s: %s", dir, kw_strerror(rc));
     else
         kw__cli_print_pins(doc, json);
@@ -197,45 +196,10 @@ static const char unpin_usage[] =
     "Exit 1 when there is no such set.\n"
     "\n"
     "  --cache DIR                the cache directory\n"
-    "  --socket PATH              ask kwarmd (not yet supported)\n"
+    "  --socket PATH              ask kwarmd instead (its cache)\n"
     "  --json                     {\"name\", \"digests\", \"entries\", \"bytes\"}:\n"
     "                             the set as it was\n"
     "  -h, --help                 this text\n";
-
-typedef struct find_pin {
-    const char *name;
-    kw_cache_pin_info found;
-    bool hit;
-} find_pin;
-
-static int match_pin(const kw_cache_pin_info *p, void *arg)
-{
-    find_pin *f = arg;
-    if (strcmp(p->name, f->name) != 0)
-        return 0;
-    f->found = *p;
-    f->hit = true;
-    return 1;
-}
-
-/* Removes set name from c; *doc gets the set as it was. */
-static int unpin_doc(kw_cache *c, const char *name, cJSON **doc)
-{
-    find_pin f = {.name = name};
-    int rc = kw_cache_pins_foreach(c, match_pin, &f);
-    if (rc >= 0 && !f.hit)
-        rc = KW_ENOTFOUND;
-    if (rc >= 0)
-        rc = kw_cache_unpin_set(c, name);
-    if (rc < 0)
-        return rc;
-    *doc = cJSON_CreateObject();
-    cJSON_AddStringToObject(*doc, "name", name);
-    cJSON_AddNumberToObject(*doc, "digests", (double)f.found.digests);
-    cJSON_AddNumberToObject(*doc, "entries", (double)f.found.entries);
-    cJSON_AddNumberToObject(*doc, "bytes", (double)f.found.bytes);
-    return 0;
-}
 
 void kw__cli_print_unpin(const cJSON *doc, bool json)
 {
@@ -263,13 +227,21 @@ int kw__cli_unpin(int argc, char **argv)
         kw__cli_err("unpin", "NAME: required (see kwarm unpin --help)");
         return KW_CLI_USAGE;
     }
-    if (dir == NULL || sock != NULL)
-        return kw__cli_no_socket("unpin");
     kw_cache *c = NULL;
     cJSON *doc = NULL;
+    if (dir == NULL) { /* through kwarmd */
+        cJSON *h = cJSON_CreateObject();
+        cJSON_AddStringToObject(h, "name", name);
+        rc = kw__cli_via_daemon("unpin", sock, "unpin", h, &doc);
+        cJSON_Delete(h);
+        if (rc == KW_CLI_OK)
+            kw__cli_print_unpin(doc, json);
+        cJSON_Delete(doc);
+        return rc;
+    }
     if ((rc = kw__cli_cache_open("unpin", dir, KW_CLI_WRITE, &c)) != KW_CLI_OK)
         return rc;
-    rc = unpin_doc(c, name, &doc);
+    rc = kw_warm_unpin(c, name, &doc);
     if (rc == KW_ENOTFOUND || rc == KW_EINVAL)
         kw__cli_err("unpin", "%.80s: no such pin set in %s (kwarm pins lists "
                     "them)", name, dir);
@@ -296,31 +268,10 @@ static const char resize_usage[] =
     "  SIZE                       bytes, or with K/M/G/T (1024-based), at\n"
     "                             least 1M\n"
     "  --cache DIR                the cache directory\n"
-    "  --socket PATH              ask kwarmd (not yet supported)\n"
+    "  --socket PATH              ask kwarmd instead (its cache)\n"
     "  --json                     {\"max_size\", \"previous\", \"evicted\",\n"
     "                             \"entries\", \"bytes\"}\n"
     "  -h, --help                 this text\n";
-
-/* Resizes c to size; *doc gets what changed. */
-static int resize_doc(kw_cache *c, uint64_t size, cJSON **doc)
-{
-    kw_cache_stats before, after;
-    int rc = kw_cache_stats_get(c, &before);
-    if (rc == 0)
-        rc = kw_cache_resize(c, size);
-    if (rc == 0)
-        rc = kw_cache_stats_get(c, &after);
-    if (rc < 0)
-        return rc;
-    *doc = cJSON_CreateObject();
-    cJSON_AddNumberToObject(*doc, "max_size", (double)after.max_size);
-    cJSON_AddNumberToObject(*doc, "previous", (double)before.max_size);
-    cJSON_AddNumberToObject(*doc, "evicted",
-                            (double)(after.evictions - before.evictions));
-    cJSON_AddNumberToObject(*doc, "entries", (double)after.entries);
-    cJSON_AddNumberToObject(*doc, "bytes", (double)after.bytes);
-    return 0;
-}
 
 void kw__cli_print_resize(const cJSON *doc, const char *where, bool json)
 {
@@ -353,13 +304,21 @@ int kw__cli_resize(int argc, char **argv)
                     text ? "' is not a size" : "");
         return KW_CLI_USAGE;
     }
-    if (dir == NULL || sock != NULL)
-        return kw__cli_no_socket("resize");
     kw_cache *c = NULL;
     cJSON *doc = NULL;
+    if (dir == NULL) { /* through kwarmd */
+        cJSON *h = cJSON_CreateObject();
+        cJSON_AddNumberToObject(h, "max_size", (double)size);
+        rc = kw__cli_via_daemon("resize", sock, "resize", h, &doc);
+        cJSON_Delete(h);
+        if (rc == KW_CLI_OK)
+            kw__cli_print_resize(doc, sock ? sock : "kwarmd", json);
+        cJSON_Delete(doc);
+        return rc;
+    }
     if ((rc = kw__cli_cache_open("resize", dir, KW_CLI_WRITE, &c)) != KW_CLI_OK)
         return rc;
-    if ((rc = resize_doc(c, size, &doc)) < 0)
+    if ((rc = kw_warm_resize(c, size, &doc)) < 0)
         kw__cli_err("resize", "%s: %s%s%s", dir, kw_strerror(rc),
                     kw_cache_last_error(c)[0] ? ": " : "",
                     kw_cache_last_error(c));

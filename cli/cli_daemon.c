@@ -405,9 +405,11 @@ int kw__cli_get_socket(int argc, char **argv)
     int rc = get_parse(&o, argc, argv);
     if (rc >= 0)
         return rc;
-    if (o.digest != NULL && (strlen(o.digest) != 64 ||
-                             strspn(o.digest, "0123456789abcdefABCDEF") != 64)) {
-        kw__cli_err("get", "--digest: not 64 hex digits");
+    size_t dl = o.digest ? strlen(o.digest) : 0;
+    if (o.digest != NULL && (dl < 8 || dl > 64 ||
+                             strspn(o.digest, "0123456789abcdefABCDEF") != dl)) {
+        kw__cli_err("get", "--digest: '%.64s' is not 64 hex digits nor a prefix "
+                    "of at least 8", o.digest);
         return KW_CLI_USAGE;
     }
     kw_client *c = NULL;

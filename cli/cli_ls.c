@@ -21,125 +21,9 @@
 #include "kw_cache.h"
 #include "kw_err.h"
 #include "kw_parse.h"
+#include "kw_warm.h"
 
-/* Which entries a walk keeps; every given criterion must hold. */
-typedef struct filter {
-    const char *family;   /* --family */
-    const char *pin_name; /* --pinned NAME */
-    const uint8_t *digest; /* --digest, resolved */
-    bool unpinned;        /* --unpinned */
-    uint64_t before;      /* --older-than: last used at or before this */
-} filter;
-
-typedef struct walk {
-    const filter *f;
-    kw_cache *c;
-    cJSON *entries; /* array being filled */
-    uint64_t bytes;
-    int rc;
-} walk;
-
-/* Adds info's fields to e, by name when the family is known. */
-static void add_fields(cJSON *e, const kw_cache_info *info)
-{
-    kw_k_family fam;
-    bool known = kw_keys_family_from_name(info->family, &fam) == 0 &&
-                 kw_keys_nfields(fam) == info->nfields;
-    cJSON *f = known ? cJSON_AddObjectToObject(e, "fields")
-                     : cJSON_AddArrayToObject(e, "fields");
-    for (uint32_t i = 0; f != NULL && i < info->nfields; i++) {
-        cJSON *v = known && kw_keys_field_is_bool(fam, i)
-                       ? cJSON_CreateBool(info->fields[i] != 0)
-                       : cJSON_CreateNumber((double)info->fields[i]);
-        if (known)
-            cJSON_AddItemToObject(f, kw_keys_field_name(fam, i), v);
-        else
-            cJSON_AddItemToArray(f, v);
-    }
-}
-
-/* Splits the comma-separated pin names into an array "pins" of e. */
-static void add_pins(cJSON *e, char *names)
-{
-    cJSON *arr = cJSON_AddArrayToObject(e, "pins");
-    for (char *save = NULL, *n = strtok_r(names, ",", &save); arr && n;
-         n = strtok_r(NULL, ",", &save))
-        cJSON_AddItemToArray(arr, cJSON_CreateString(n));
-}
-
-/* True when the comma-separated list names holds name. */
-static bool names_hold(const char *names, const char *name)
-{
-    size_t n = strlen(name);
-    for (const char *p = names; *p != '\0';) {
-        size_t len = strcspn(p, ",");
-        if (len == n && strncmp(p, name, n) == 0)
-            return true;
-        p += len + (p[len] == ',');
-    }
-    return false;
-}
-
-static bool keep(const filter *f, const uint8_t *digest,
-                 const kw_cache_info *info, const char *names)
-{
-    uint64_t used = info->last_used ? info->last_used : info->created;
-    return (f->family == NULL || strcmp(f->family, info->family) == 0) &&
-           (f->pin_name == NULL || names_hold(names, f->pin_name)) &&
-           (f->digest == NULL ||
-            memcmp(f->digest, digest, KW_CACHE_DIGEST_LEN) == 0) &&
-           (!f->unpinned || !info->pinned) &&
-           (f->before == 0 || used <= f->before);
-}
-
-static int visit(const uint8_t digest[KW_CACHE_DIGEST_LEN],
-                 const kw_cache_info *info, void *arg)
-{
-    walk *w = arg;
-    char names[1024] = "", hex[KW_KEYS_HEX_LEN];
-    int rc = kw_cache_pin_names(w->c, digest, names, sizeof names, NULL);
-    if (rc < 0 && rc != KW_ENOSPC)
-        return w->rc = rc;
-    if (!keep(w->f, digest, info, names))
-        return 0;
-    cJSON *e = cJSON_CreateObject();
-    if (e == NULL || !cJSON_AddItemToArray(w->entries, e)) {
-        cJSON_Delete(e);
-        return w->rc = KW_ENOMEM;
-    }
-    kw_keys_hex(digest, hex);
-    cJSON_AddStringToObject(e, "digest", hex);
-    cJSON_AddStringToObject(e, "family", info->family);
-    cJSON_AddStringToObject(e, "arch", info->arch);
-    add_fields(e, info);
-    cJSON_AddNumberToObject(e, "size", (double)info->size);
-    cJSON_AddNumberToObject(e, "created", (double)info->created);
-    cJSON_AddNumberToObject(e, "last_used", (double)info->last_used);
-    cJSON_AddNumberToObject(e, "hits", (double)info->hits);
-    cJSON_AddBoolToObject(e, "pinned", info->pinned);
-    add_pins(e, names);
-    w->bytes += info->size;
-    return 0;
-}
-
-/* Walks c into {"entries": [...], "count", "bytes"} (a new document). */
-static int list_doc(kw_cache *c, const filter *f, cJSON **out)
-{
-    walk w = {.f = f, .c = c};
-    cJSON *doc = cJSON_CreateObject();
-    w.entries = cJSON_AddArrayToObject(doc, "entries");
-    int rc = w.entries ? kw_cache_foreach(c, visit, &w) : KW_ENOMEM;
-    if (rc >= 0 && w.rc < 0)
-        rc = w.rc;
-    if (rc < 0) {
-        cJSON_Delete(doc);
-        return rc;
-    }
-    cJSON_AddNumberToObject(doc, "count", cJSON_GetArraySize(w.entries));
-    cJSON_AddNumberToObject(doc, "bytes", (double)w.bytes);
-    *out = doc;
-    return 0;
-}
+typedef kw_warm_filter filter;
 
 /* "name=value,..." of an entry's fields into buf. */
 static void fields_text(const cJSON *fields, char *buf, size_t cap)
@@ -220,7 +104,7 @@ static const char ls_usage[] =
     "hits are those last written to the cache.\n"
     "\n"
     "  --cache DIR                the cache directory\n"
-    "  --socket PATH              ask kwarmd (not yet supported)\n"
+    "  --socket PATH              ask kwarmd instead (its cache)\n"
     "  --family F                 only entries of family F\n"
     "  --pinned NAME              only entries held by the pin set NAME\n"
     "  --json                     {\"entries\": [{\"digest\", \"family\", \"arch\",\n"
@@ -246,13 +130,24 @@ int kw__cli_ls(int argc, char **argv)
         kw__cli_err("ls", "--family: '%.48s' is not a kernel family", f.family);
         return KW_CLI_USAGE;
     }
-    if (dir == NULL || sock != NULL)
-        return kw__cli_no_socket("ls");
-    kw_cache *c = NULL;
     cJSON *doc = NULL;
+    if (dir == NULL) { /* through kwarmd */
+        cJSON *h = cJSON_CreateObject();
+        if (f.family != NULL)
+            cJSON_AddStringToObject(h, "family", f.family);
+        if (f.pin_name != NULL)
+            cJSON_AddStringToObject(h, "pinned", f.pin_name);
+        rc = kw__cli_via_daemon("ls", sock, "ls", h, &doc);
+        cJSON_Delete(h);
+        if (rc == KW_CLI_OK)
+            kw__cli_print_ls(doc, json);
+        cJSON_Delete(doc);
+        return rc;
+    }
+    kw_cache *c = NULL;
     if ((rc = kw__cli_cache_open("ls", dir, KW_CLI_READ, &c)) != KW_CLI_OK)
         return rc;
-    if ((rc = list_doc(c, &f, &doc)) < 0)
+    if ((rc = kw_warm_ls(c, &f, &doc)) < 0)
         kw__cli_err("ls", "%s: %s", dir, kw_strerror(rc));
     else
         kw__cli_print_ls(doc, json);
@@ -272,7 +167,7 @@ static const char evict_usage[] =
     "nothing is removed and the exit status is 1, unless --force.\n"
     "\n"
     "  --cache DIR                the cache directory\n"
-    "  --socket PATH              ask kwarmd (not yet supported)\n"
+    "  --socket PATH              ask kwarmd instead (its cache)\n"
     "  --digest HEX               one entry: 64 hex digits or a unique prefix\n"
     "                             of at least 8 (ambiguous: exit 2)\n"
     "  --family F                 entries of family F\n"
@@ -302,36 +197,6 @@ int64_t kw__cli_age(const char *s)
             kw_parse_i64(num, 0, INT64_MAX / units[i].secs, &v) == 0)
             return v * units[i].secs;
     return -1;
-}
-
-/* Removes every entry of doc's array from c; refuses pinned ones without
- * force.  Returns an exit code. */
-static int evict_entries(kw_cache *c, cJSON *doc, bool force, const char *dir)
-{
-    cJSON *arr = cJSON_GetObjectItemCaseSensitive(doc, "entries"), *e;
-    size_t pinned = 0;
-    cJSON_ArrayForEach(e, arr)
-        pinned += cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(e, "pinned"));
-    if (pinned > 0 && !force) {
-        kw__cli_err("evict", "%zu of the %d matching entries %s pinned; nothing "
-                    "removed (--unpinned leaves them out, --force removes them "
-                    "too, kwarm pins lists the sets)", pinned,
-                    cJSON_GetArraySize(arr), pinned == 1 ? "is" : "are");
-        return KW_CLI_RUNTIME;
-    }
-    cJSON_ArrayForEach(e, arr) {
-        const char *hex = cJSON_GetObjectItemCaseSensitive(e, "digest")->valuestring;
-        uint8_t digest[KW_CACHE_DIGEST_LEN];
-        kw__cli_digest_resolve("evict", NULL, hex, digest);
-        int rc = kw_cache_remove(c, digest);
-        if (rc < 0 && rc != KW_ENOTFOUND) {
-            kw__cli_err("evict", "%.16s: %s: %s (in %s)", hex, kw_strerror(rc),
-                        kw_cache_last_error(c), dir);
-            return KW_CLI_RUNTIME;
-        }
-    }
-    cJSON_AddItemReferenceToObject(doc, "removed", arr);
-    return KW_CLI_OK;
 }
 
 void kw__cli_print_evict(const cJSON *doc, bool json)
@@ -391,10 +256,31 @@ static int evict_parse(evict_opts *o, int argc, char **argv)
     else {
         if (o->age != NULL)
             o->f.before = (uint64_t)time(NULL) - (uint64_t)age;
-        return o->dir == NULL || o->sock != NULL ? kw__cli_no_socket("evict")
-                                                 : -1;
+        return -1;
     }
     return KW_CLI_USAGE;
+}
+
+/* evict through kwarmd: the same criteria as a "match" object. */
+static int evict_socket(const evict_opts *o)
+{
+    cJSON *h = cJSON_CreateObject(), *m = cJSON_AddObjectToObject(h, "match");
+    cJSON *doc = NULL;
+    if (o->digest != NULL)
+        cJSON_AddStringToObject(m, "digest", o->digest);
+    if (o->f.family != NULL)
+        cJSON_AddStringToObject(m, "family", o->f.family);
+    if (o->f.unpinned)
+        cJSON_AddBoolToObject(m, "unpinned", true);
+    if (o->f.before != 0)
+        cJSON_AddNumberToObject(m, "before", (double)o->f.before);
+    cJSON_AddBoolToObject(h, "force", o->force);
+    int rc = kw__cli_via_daemon("evict", o->sock, "evict", h, &doc);
+    if (rc == KW_CLI_OK)
+        kw__cli_print_evict(doc, o->json);
+    cJSON_Delete(doc);
+    cJSON_Delete(h);
+    return rc;
 }
 
 int kw__cli_evict(int argc, char **argv)
@@ -403,23 +289,30 @@ int kw__cli_evict(int argc, char **argv)
     int rc = evict_parse(&o, argc, argv);
     if (rc >= 0)
         return rc;
+    if (o.dir == NULL)
+        return evict_socket(&o);
     kw_cache *c = NULL;
     cJSON *doc = NULL;
     uint8_t digest[KW_CACHE_DIGEST_LEN];
+    char err[512];
     if ((rc = kw__cli_cache_open("evict", o.dir, KW_CLI_WRITE, &c)) != KW_CLI_OK)
         return rc;
     if (o.digest != NULL &&
         (rc = kw__cli_digest_resolve("evict", c, o.digest, digest)) >= 0)
         goto out;
     o.f.digest = o.digest ? digest : NULL;
-    if ((rc = list_doc(c, &o.f, &doc)) < 0) {
+    if ((rc = kw_warm_ls(c, &o.f, &doc)) < 0) {
         kw__cli_err("evict", "%s: %s", o.dir, kw_strerror(rc));
         rc = KW_CLI_RUNTIME;
     } else if (o.digest != NULL && kw__cli_u64(doc, "count") == 0) {
         kw__cli_err("evict", "--digest %.64s: not cached in %s", o.digest, o.dir);
         rc = KW_CLI_RUNTIME;
-    } else if ((rc = evict_entries(c, doc, o.force, o.dir)) == KW_CLI_OK)
+    } else if ((rc = kw_warm_evict(c, doc, o.force, err, sizeof err)) < 0) {
+        kw__cli_err("evict", "%s (in %s)", err, o.dir);
+        rc = KW_CLI_RUNTIME;
+    } else {
         kw__cli_print_evict(doc, o.json);
+    }
 out:
     cJSON_Delete(doc);
     kw_cache_close(c);

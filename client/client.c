@@ -625,6 +625,46 @@ int kw_client_warmup_pin(kw_client *c, const char *config_json,
                          name, pin, &st, result_json);
 }
 
+int kw_client_admin(kw_client *c, const char *what, const char *header_json,
+                    char **reply_json)
+{
+    static const struct {
+        const char *name;
+        uint16_t type;
+    } types[] = {{"ls", KW_PROTO_LS}, {"evict", KW_PROTO_EVICT},
+                 {"pins", KW_PROTO_PINS}, {"unpin", KW_PROTO_UNPIN},
+                 {"resize", KW_PROTO_RESIZE}};
+    uint16_t type = 0;
+    for (size_t i = 0; what != NULL && i < sizeof types / sizeof *types; i++)
+        if (strcmp(what, types[i].name) == 0)
+            type = types[i].type;
+    if (c == NULL || reply_json == NULL || type == 0)
+        return c ? fail(c, KW_EINVAL, "admin: unknown request '%.16s'",
+                        what ? what : "(null)") : KW_EINVAL;
+    cJSON *h = NULL;
+    int rc = parse_object(c, "admin request", header_json, &h);
+    stream st = {"entries", cJSON_CreateArray(), NULL, NULL};
+    kw_msg m = {0};
+    if (rc == 0 && st.items == NULL)
+        rc = fail(c, KW_ENOMEM, "%s", kw_strerror(KW_ENOMEM));
+    if (rc == 0)
+        rc = request(c, type, h, KW_PROTO_RESULT, &st, &m);
+    /* ls streams its entries, evict by criteria the removed ones. */
+    const char *member = type == KW_PROTO_LS ? "entries" : "removed";
+    bool streamed = type == KW_PROTO_LS ||
+                    (type == KW_PROTO_EVICT && strstr(header_json, "\"match\""));
+    if (rc == 0 && streamed && !cJSON_AddItemToObject(m.header, member, st.items))
+        rc = fail(c, KW_ENOMEM, "%s", kw_strerror(KW_ENOMEM));
+    else if (rc == 0 && streamed)
+        st.items = NULL;
+    if (rc == 0)
+        rc = take_json(c, &m, reply_json);
+    cJSON_Delete(h);
+    cJSON_Delete(st.items);
+    kw_msg_destroy(&m);
+    return rc;
+}
+
 int kw_client_misses(kw_client *c, uint64_t since_s, char **result_json)
 {
     if (c == NULL || result_json == NULL)
@@ -653,6 +693,13 @@ static bool is_digest(const char *s)
 {
     return s != NULL && strlen(s) == 64 &&
            strspn(s, "0123456789abcdefABCDEF") == 64;
+}
+
+/* 64 hex digits, or a prefix of 8 or more that kwarmd resolves. */
+static bool is_digest_or_prefix(const char *s)
+{
+    size_t n = s ? strlen(s) : 0;
+    return n >= 8 && n <= 64 && strspn(s, "0123456789abcdefABCDEF") == n;
 }
 
 /* Copies the string member name of h into dst (cap bytes); false when it
@@ -709,8 +756,9 @@ int kw_client_get(kw_client *c, const char *digest_hex, bool compile,
     if (c == NULL || out == NULL)
         return c ? fail(c, KW_EINVAL, "get: NULL kernel") : KW_EINVAL;
     memset(out, 0, sizeof *out);
-    if (!is_digest(digest_hex))
-        return fail(c, KW_EINVAL, "get: digest is not 64 hex digits");
+    if (!is_digest_or_prefix(digest_hex))
+        return fail(c, KW_EINVAL, "get: digest is not 64 hex digits nor a "
+                    "prefix of at least 8");
     cJSON *h = cJSON_CreateObject();
     int rc = KW_ENOMEM;
     if (h != NULL && cJSON_AddStringToObject(h, "digest", digest_hex) &&

@@ -144,7 +144,9 @@ typedef struct kw_client_kernel {
     bool compiled;   /* compiled for this request (a miss) */
 } kw_client_kernel;
 
-/* Fetches the cubin of the key whose digest is digest_hex (64 hex digits).
+/* Fetches the cubin of the key whose digest is digest_hex: 64 hex digits,
+ * or a prefix of at least 8 that one cached digest starts (an ambiguous
+ * one is KW_EAMBIGUOUS, the candidates in kw_client_last_error()).
  * A digest names no key the daemon could compile, so a miss is always
  * KW_ENOTFOUND; compile is sent for symmetry and ignored by kwarmd today.
  * Returns 0 with *out filled (any previous contents are overwritten, not
@@ -176,6 +178,21 @@ int kw_client_stats(kw_client *c, char **reply_json);
 /* Removes the entry digest_hex from the daemon's cache; *evicted (may be
  * NULL) says whether there was one.  A missing entry is not an error. */
 int kw_client_evict(kw_client *c, const char *digest_hex, bool *evicted);
+
+/* The cache administration requests behind `kwarm ls`, `evict`, `pins`,
+ * `unpin` and `resize --socket`: what is "ls", "evict", "pins", "unpin"
+ * or "resize", header_json its JSON object:
+ *   ls      {"family"?, "pinned"?: NAME}        -> {"entries", "count", "bytes"}
+ *   evict   {"match": {"digest"? (a unique prefix of >= 8 hex digits),
+ *            "family"?, "unpinned"?, "before"? (Unix s)}, "force"?}
+ *                                               -> {"entries", "removed", "count", "bytes"}
+ *   pins    {}                                  -> {"pins": [...]}
+ *   unpin   {"name"}                            -> {"name", "digests", "entries", "bytes"}
+ *   resize  {"max_size"}                        -> {"max_size", "previous", "evicted", ...}
+ * The replies are the documents `--json` prints for --cache.  On 0,
+ * *reply_json is a new string (free() it). */
+int kw_client_admin(kw_client *c, const char *what, const char *header_json,
+                    char **reply_json);
 
 /* The miss audit: the gets kwarmd could not answer from its cache in
  * the last since_s seconds (0: every one it keeps, up to 10,000).  On 0,

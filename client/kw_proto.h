@@ -79,6 +79,10 @@ enum kw_proto_type {
     KW_PROTO_STATS = 5,
     KW_PROTO_EVICT = 6,
     KW_PROTO_MISSES = 7, /* the miss audit: streamed like keys */
+    KW_PROTO_LS = 8,     /* cache entries: streamed like keys */
+    KW_PROTO_PINS = 9,
+    KW_PROTO_UNPIN = 10,
+    KW_PROTO_RESIZE = 11,
     /* Replies. */
     KW_PROTO_PONG = 64,
     KW_PROTO_RESULT = 65,   /* final reply; the only type with a payload */
@@ -205,7 +209,7 @@ void kw_proto_escape(const uint8_t *buf, size_t len, char *out, size_t cap);
 /* The lowercase name of a type ("ping", "result"), or "unknown"; static. */
 const char *kw_proto_type_name(uint16_t type);
 
-/* True for the seven request types. */
+/* True for the eleven request types. */
 bool kw_proto_is_request(uint16_t type);
 
 /* The cap on header_len for frames of type: KW_PROTO_MAX_HEADER for

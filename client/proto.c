@@ -47,7 +47,7 @@ static void wr16(uint8_t *p, uint16_t v)
 
 bool kw_proto_is_request(uint16_t type)
 {
-    return type >= KW_PROTO_PING && type <= KW_PROTO_MISSES;
+    return type >= KW_PROTO_PING && type <= KW_PROTO_RESIZE;
 }
 
 uint32_t kw_proto_max_header(uint16_t type)
@@ -76,6 +76,10 @@ const char *kw_proto_type_name(uint16_t type)
     case KW_PROTO_STATS: return "stats";
     case KW_PROTO_EVICT: return "evict";
     case KW_PROTO_MISSES: return "misses";
+    case KW_PROTO_LS: return "ls";
+    case KW_PROTO_PINS: return "pins";
+    case KW_PROTO_UNPIN: return "unpin";
+    case KW_PROTO_RESIZE: return "resize";
     case KW_PROTO_PONG: return "pong";
     case KW_PROTO_RESULT: return "result";
     case KW_PROTO_PROGRESS: return "progress";

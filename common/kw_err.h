@@ -27,7 +27,8 @@
     XX(EREMOTE, -1017, "remote cache (Redis) unavailable or failed")      \
     XX(EROFS, -1018, "not cached (read-only cache)")                       \
     XX(EAMBIGUOUS, -1019, "ambiguous digest prefix")                       \
-    XX(EVERSION, -1020, "protocol version mismatch")
+    XX(EVERSION, -1020, "protocol version mismatch")                       \
+    XX(EPINNED, -1021, "pinned entries not removed")
 
 #ifdef __cplusplus
 extern "C" {

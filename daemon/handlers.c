@@ -101,6 +101,18 @@ void kw__daemon_run_job(kw__req *r)
     case KW_PROTO_MISSES:
         kw__run_misses(r);
         break;
+    case KW_PROTO_LS:
+        kw__run_ls(r);
+        break;
+    case KW_PROTO_PINS:
+        kw__run_pins(r);
+        break;
+    case KW_PROTO_UNPIN:
+        kw__run_unpin(r);
+        break;
+    case KW_PROTO_RESIZE:
+        kw__run_resize(r);
+        break;
     default:
         kw__run_evict(r);
     }
@@ -202,21 +214,41 @@ int kw__key_from_json(const cJSON *h, kw_keys_key *k, char *err, size_t errlen)
 
 /* Reads a get's key: {"digest": HEX} or {"family", "fields": {...},
  * "arch"}.  *have_key says whether k is a whole key (compilable). */
-static int get_key(const cJSON *h, kw_keys_key *k, bool *have_key, char *err,
-                   size_t errlen)
+/* A digest of 64 hex digits, or a unique prefix of at least 8 of a cached
+ * one (as git takes them): 0, or a code with the candidates or the rule
+ * in err. */
+static int get_digest(kw_cache *c, const char *hex, uint8_t *out, char *err,
+                      size_t errlen)
+{
+    size_t n = 0, len = strlen(hex);
+    if (len == 64 && sodium_hex2bin(out, KW_KEYS_DIGEST_LEN, hex, 64, NULL, &n,
+                                    NULL) == 0 && n == KW_KEYS_DIGEST_LEN)
+        return 0;
+    char cand[600] = "";
+    int rc = len >= 8 && len < 64 ? kw_cache_find_prefix(c, hex, out, cand,
+                                                          sizeof cand)
+                                  : KW_EINVAL;
+    if (rc == KW_EAMBIGUOUS)
+        snprintf(err, errlen, "get: digest %.64s: ambiguous prefix, it starts:\n%s",
+                 hex, cand);
+    else if (rc == KW_ENOTFOUND)
+        snprintf(err, errlen, "get: digest %.64s: no cached digest starts so "
+                 "(a digest cannot be compiled: give family, fields and arch)",
+                 hex);
+    else if (rc < 0)
+        snprintf(err, errlen, "get: \"digest\" must be 64 hex digits, or a "
+                 "prefix of 8 or more");
+    return rc;
+}
+
+static int get_key(kw_cache *c, const cJSON *h, kw_keys_key *k, bool *have_key,
+                   char *err, size_t errlen)
 {
     const cJSON *dg = cJSON_GetObjectItemCaseSensitive(h, "digest");
     memset(k, 0, sizeof *k);
     *have_key = false;
-    if (cJSON_IsString(dg)) {
-        size_t n = 0;
-        if (strlen(dg->valuestring) == 64 &&
-            sodium_hex2bin(k->digest, sizeof k->digest, dg->valuestring, 64,
-                           NULL, &n, NULL) == 0 && n == sizeof k->digest)
-            return 0;
-        snprintf(err, errlen, "get: \"digest\" must be 64 hex digits");
-        return KW_EINVAL;
-    }
+    if (cJSON_IsString(dg))
+        return get_digest(c, dg->valuestring, k->digest, err, errlen);
     int rc = kw__key_from_json(h, k, err, errlen);
     *have_key = rc == 0;
     return rc;
@@ -281,7 +313,7 @@ static int handle_get(kw__conn *c, const cJSON *hdr, double t0)
     bool have_key;
     char err[256];
     const cJSON *comp = cJSON_GetObjectItemCaseSensitive(hdr, "compile");
-    int rc = get_key(hdr, &k, &have_key, err, sizeof err);
+    int rc = get_key(c->d->cache, hdr, &k, &have_key, err, sizeof err);
     if (rc < 0) {
         kw__conn_error(c, rc, err, false);
         return -1;
@@ -347,6 +379,10 @@ void kw__daemon_dispatch(kw__conn *c, const kw_msg *m)
     case KW_PROTO_STATS:
     case KW_PROTO_EVICT:
     case KW_PROTO_MISSES:
+    case KW_PROTO_LS:
+    case KW_PROTO_PINS:
+    case KW_PROTO_UNPIN:
+    case KW_PROTO_RESIZE:
         offload(c, m->type, m->header);
         break;
     default: /* kw_proto_parse_request() lets only requests through */
@@ -356,12 +392,12 @@ void kw__daemon_dispatch(kw__conn *c, const kw_msg *m)
 
 /* ---- evict's key, shared with requests.c through get_key ------------- */
 
-int kw__req_digest(const cJSON *h, uint8_t digest[KW_KEYS_DIGEST_LEN],
-                   char *err, size_t errlen)
+int kw__req_digest(kw_cache *c, const cJSON *h,
+                   uint8_t digest[KW_KEYS_DIGEST_LEN], char *err, size_t errlen)
 {
     kw_keys_key k;
     bool have_key;
-    int rc = get_key(h, &k, &have_key, err, errlen);
+    int rc = get_key(c, h, &k, &have_key, err, errlen);
     if (rc == 0)
         memcpy(digest, k.digest, KW_KEYS_DIGEST_LEN);
     return rc;

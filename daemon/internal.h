@@ -180,7 +180,7 @@ int kw__req_keys(const cJSON *h, kw_config_model *m, kw_config_deploy *d,
 
 /* Reads the key of a get or evict request ({"digest"} or family, fields
  * and arch) into digest; 0 or KW_EINVAL with the message in err. */
-int kw__req_digest(const cJSON *h, uint8_t digest[KW_KEYS_DIGEST_LEN],
+int kw__req_digest(kw_cache *c, const cJSON *h, uint8_t digest[KW_KEYS_DIGEST_LEN],
                    char *err, size_t errlen);
 
 /* The job handlers (requests.c, warmup.c), on a job thread. */
@@ -189,6 +189,12 @@ void kw__run_stats(kw__req *r);
 void kw__run_evict(kw__req *r);
 void kw__run_warmup(kw__req *r);
 void kw__run_misses(kw__req *r);
+void kw__run_ls(kw__req *r);
+void kw__run_pins(kw__req *r);
+void kw__run_unpin(kw__req *r);
+void kw__run_resize(kw__req *r);
+/* evict {"match": {...}, "force"?} (admin.c); kw__run_evict hands over. */
+void kw__run_evict_match(kw__req *r, const cJSON *match);
 
 /* A client connection.  Freed in the uv_close callback of its pipe, once
  * no compile still holds a reference to it (refs). */

@@ -116,7 +116,8 @@ static void *hook_malloc(size_t n)
 void kw__alloc_hook_init(void)
 {
     static const char *const names[] = {"ping", "keys", "warmup", "get",
-                                        "stats", "evict", "misses"};
+                                        "stats", "evict", "misses", "ls",
+                                        "pins", "unpin", "resize"};
     const char *v = getenv("KWARMD_TEST_FAIL_ALLOC");
     for (size_t i = 0; v != NULL && i < sizeof names / sizeof *names; i++)
         if (strcmp(v, names[i]) == 0) {

@@ -37,10 +37,10 @@ static const double get_bounds[KW__GET_BUCKETS] = {
     0.25, 1, 5, 30};
 
 static const char *const req_names[KW__REQ_TYPES] = {
-    "ping", "keys", "warmup", "get", "stats", "evict", "misses"};
+    "ping", "keys", "warmup", "get", "stats", "evict", "misses", "ls", "pins", "unpin", "resize"};
 /* A new request type must be named here, or its requests go uncounted and
  * the metrics' sum stops matching `requests`. */
-_Static_assert(KW_PROTO_MISSES == KW__REQ_TYPES, "name every request type");
+_Static_assert(KW_PROTO_RESIZE == KW__REQ_TYPES, "name every request type");
 
 void kw__metrics_request(kw__daemon *d, uint16_t type, bool ok)
 {

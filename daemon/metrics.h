@@ -18,7 +18,7 @@
 
 struct kw__daemon;
 
-#define KW__REQ_TYPES 7     /* KW_PROTO_PING (1) .. KW_PROTO_MISSES (7) */
+#define KW__REQ_TYPES 11    /* KW_PROTO_PING (1) .. KW_PROTO_RESIZE (11) */
 #define KW__GET_BUCKETS 14  /* get latency bounds (metrics.c), then +Inf */
 
 /* What the loop thread counts for the metrics alone (written there, read

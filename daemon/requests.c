@@ -192,9 +192,14 @@ void kw__run_stats(kw__req *r)
 
 void kw__run_evict(kw__req *r)
 {
+    const cJSON *match = cJSON_GetObjectItemCaseSensitive(r->header, "match");
+    if (match != NULL) { /* by criteria, as kwarm evict --socket asks */
+        kw__run_evict_match(r, match);
+        return;
+    }
     uint8_t digest[KW_KEYS_DIGEST_LEN];
     char err[256];
-    int rc = kw__req_digest(r->header, digest, err, sizeof err);
+    int rc = kw__req_digest(r->d->cache, r->header, digest, err, sizeof err);
     if (rc == 0)
         rc = kw_cache_remove(r->d->cache, digest);
     if (rc < 0 && rc != KW_ENOTFOUND) {

@@ -13,7 +13,8 @@
 #define N(a) (sizeof(a) / sizeof((a)[0]))
 static const uint16_t all_types[] __attribute__((unused)) = {
     KW_PROTO_PING,   KW_PROTO_KEYS,   KW_PROTO_WARMUP,   KW_PROTO_GET,
-    KW_PROTO_STATS,  KW_PROTO_EVICT,  KW_PROTO_MISSES,   KW_PROTO_PONG,
+    KW_PROTO_STATS,  KW_PROTO_EVICT,  KW_PROTO_MISSES,   KW_PROTO_LS,
+    KW_PROTO_PINS,   KW_PROTO_UNPIN,  KW_PROTO_RESIZE,   KW_PROTO_PONG,
     KW_PROTO_RESULT, KW_PROTO_PROGRESS, KW_PROTO_ERROR,
 };
 

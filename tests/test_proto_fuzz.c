@@ -30,7 +30,7 @@ static int head_oracle(const uint8_t h[16])
         return KW_EPROTO;
     if (ver != 2)
         return KW_EVERSION;
-    if (!((type >= 1 && type <= 7) || (type >= 64 && type <= 67)))
+    if (!((type >= 1 && type <= 11) || (type >= 64 && type <= 67)))
         return KW_EPROTO;
     if (hl > (type >= 64 ? 1024u * 1024u : 64u * 1024u))
         return KW_E2BIG;
@@ -250,7 +250,7 @@ Test(proto_fuzz, encode_head_writes_the_fixed_header_or_refuses)
     cr_assert_arr_eq(h, "KWRM\x02\x00\x41\x00", 8);
     memset(h, 0xEE, sizeof h);
     cr_assert_eq(kw_proto_encode_head(h, KW_PROTO_GET, 10, 1), 0);
-    cr_assert_eq(kw_proto_encode_head(h, 8, 0, 0), 0);
+    cr_assert_eq(kw_proto_encode_head(h, 12, 0, 0), 0);
     cr_assert_eq(kw_proto_encode_head(h, KW_PROTO_GET,
                                       KW_PROTO_MAX_HEADER + 1, 0), 0);
     cr_assert_eq(kw_proto_encode_head(h, KW_PROTO_RESULT, 0,
@@ -349,12 +349,13 @@ Test(proto_fuzz, escape_never_splits_an_escape_or_overruns_cap)
 Test(proto_fuzz, names_and_classifies_types)
 {
     static const char *const names[] = {"ping", "keys", "warmup", "get",
-                                        "stats", "evict", "misses", "pong",
+                                        "stats", "evict", "misses", "ls",
+                                        "pins", "unpin", "resize", "pong",
                                         "result", "progress", "error"};
     for (size_t i = 0; i < N(all_types); i++) {
         cr_assert_str_eq(kw_proto_type_name(all_types[i]), names[i]);
-        cr_assert_eq(kw_proto_is_request(all_types[i]), i < 7);
-        cr_assert_eq(kw_proto_is_reply(all_types[i]), i >= 7);
+        cr_assert_eq(kw_proto_is_request(all_types[i]), i < 11);
+        cr_assert_eq(kw_proto_is_reply(all_types[i]), i >= 11);
     }
     cr_assert_str_eq(kw_proto_type_name(0), "unknown");
     cr_assert_str_eq(kw_proto_type_name(68), "unknown");

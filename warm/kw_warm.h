@@ -37,6 +37,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <cjson/cJSON.h>
+
 #include "kw_cache.h"
 #include "kw_keys.h"
 #include "kw_remote.h"
@@ -179,6 +181,40 @@ int kw_warm_plan_check(kw_cache *c, const kw_keys_key *keys, size_t n,
  * Returns 0 or the cache's code, with a message in err. */
 int kw_warm_pin(kw_cache *c, const char *name, const kw_keys_key *keys,
                 size_t n, char *err, size_t errlen);
+
+/* ---- cache administration: the documents of kwarm ls, evict, pins,
+ * unpin and resize, shared by the CLI (--cache) and kwarmd (--socket).
+ * Each builds a new cJSON document, the caller's to cJSON_Delete(). */
+
+/* Which entries ls and evict take; every given criterion must hold. */
+typedef struct kw_warm_filter {
+    const char *family;    /* NULL: any */
+    const char *pin_name;  /* NULL: any; else held by this pin set */
+    const uint8_t *digest; /* NULL: any */
+    bool unpinned;         /* only entries no pin holds */
+    uint64_t before;       /* 0: any; else last used at or before (Unix s) */
+} kw_warm_filter;
+
+/* {"entries": [...], "count", "bytes"} of c's entries that pass f.
+ * 0, KW_ENOMEM or the cache's code. */
+int kw_warm_ls(kw_cache *c, const kw_warm_filter *f, cJSON **out);
+
+/* Removes every entry of doc's "entries" (a kw_warm_ls() document) and
+ * adds "removed" (the same array).  KW_EPINNED, with nothing removed and
+ * the reason in err, when one is pinned and !force; else 0 or the cache's
+ * code with the entry at fault in err. */
+int kw_warm_evict(kw_cache *c, cJSON *doc, bool force, char *err, size_t errlen);
+
+/* {"pins": [{"name", "digests", "entries", "bytes", "created"}]}. */
+int kw_warm_pins(kw_cache *c, cJSON **out);
+
+/* Deletes the pin set name; *doc gets {"name", "digests", "entries",
+ * "bytes"} as it was.  KW_ENOTFOUND when there is none. */
+int kw_warm_unpin(kw_cache *c, const char *name, cJSON **doc);
+
+/* Stores a new size limit and trims to it; *doc gets {"max_size",
+ * "previous", "evicted", "entries", "bytes"}. */
+int kw_warm_resize(kw_cache *c, uint64_t size, cJSON **doc);
 
 /* The fleet tier of a URL and key file, as kwarmd's and prewarm's
  * --remote / --remote-key-file take them.  The password comes from the

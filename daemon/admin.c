@@ -1,0 +1,170 @@
+/* admin.c: ls, pins, unpin, resize and evict by criteria, on a job
+ * thread (issue 12): the documents of warm/kw_warm.h's admin functions,
+ * the same `kwarm ls --cache ... --json` prints.  ls streams its entries
+ * (PROGRESS {"entries": [...]}, up to KW__STREAM_KEYS a frame) and ends
+ * with {"count", "bytes"}; evict by criteria streams the removed entries
+ * the same way.  A read-only cache answers the writes with KW_EROFS.
+ */
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "kw_err.h"
+#include "log.h"
+
+/* Sends doc's array `member` in PROGRESS frames {"entries": [...]} and
+ * takes it out of doc; 0 or KW_ENOMEM. */
+static int stream_entries(kw__req *r, cJSON *doc, const char *member)
+{
+    cJSON *arr = cJSON_DetachItemFromObjectCaseSensitive(doc, member);
+    int rc = 0;
+    while (rc == 0 && arr != NULL && arr->child != NULL) {
+        cJSON *h = cJSON_CreateObject(), *out = cJSON_AddArrayToObject(h, "entries");
+        if (out == NULL)
+            rc = KW_ENOMEM;
+        for (size_t n = 0; out != NULL && n < KW__STREAM_KEYS && arr->child; n++)
+            cJSON_AddItemToArray(out, cJSON_DetachItemViaPointer(arr, arr->child));
+        if (rc == 0)
+            kw__req_send(r, KW_PROTO_PROGRESS, h, false);
+        cJSON_Delete(h);
+    }
+    cJSON_Delete(arr);
+    return rc;
+}
+
+/* Reads the criteria of ls or evict's "match" into f (digest into buf);
+ * 0, or a code with the message in err. */
+static int read_filter(kw__daemon *d, const cJSON *m, kw_warm_filter *f,
+                       uint8_t *buf, char *err, size_t errlen)
+{
+    const cJSON *fam = cJSON_GetObjectItemCaseSensitive(m, "family");
+    const cJSON *pin = cJSON_GetObjectItemCaseSensitive(m, "pinned");
+    const cJSON *dg = cJSON_GetObjectItemCaseSensitive(m, "digest");
+    const cJSON *before = cJSON_GetObjectItemCaseSensitive(m, "before");
+    kw_k_family k;
+    memset(f, 0, sizeof *f);
+    if ((fam && (!cJSON_IsString(fam) ||
+                 kw_keys_family_from_name(fam->valuestring, &k) < 0)) ||
+        (pin && !cJSON_IsString(pin)) || (dg && !cJSON_IsString(dg)) ||
+        (before && (!cJSON_IsNumber(before) || before->valuedouble < 0))) {
+        snprintf(err, errlen, "\"family\" must name a kernel family, "
+                 "\"pinned\" and \"digest\" be strings, \"before\" seconds");
+        return KW_EINVAL;
+    }
+    f->family = fam ? fam->valuestring : NULL;
+    f->pin_name = pin ? pin->valuestring : NULL;
+    f->unpinned = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m, "unpinned"));
+    f->before = before ? (uint64_t)before->valuedouble : 0;
+    if (dg == NULL)
+        return 0;
+    char cand[1024] = "";
+    int rc = kw_cache_find_prefix(d->cache, dg->valuestring, buf, cand, sizeof cand);
+    if (rc == KW_EAMBIGUOUS)
+        snprintf(err, errlen, "digest %.64s: ambiguous prefix, it starts:\n%s",
+                 dg->valuestring, cand);
+    else if (rc == KW_ENOTFOUND)
+        snprintf(err, errlen, "digest %.64s: not cached", dg->valuestring);
+    else if (rc < 0)
+        snprintf(err, errlen, "digest %.64s: not 8 to 64 hex digits",
+                 dg->valuestring);
+    f->digest = buf;
+    return rc;
+}
+
+void kw__run_ls(kw__req *r)
+{
+    kw_warm_filter f;
+    uint8_t digest[KW_CACHE_DIGEST_LEN];
+    char err[1200];
+    cJSON *doc = NULL;
+    int rc = read_filter(r->d, r->header, &f, digest, err, sizeof err);
+    if (rc < 0) {
+        kw__req_error(r, rc, err, true);
+        return;
+    }
+    if ((rc = kw_warm_ls(r->d->cache, &f, &doc)) == 0)
+        rc = stream_entries(r, doc, "entries");
+    if (rc < 0)
+        kw__req_error(r, rc, NULL, true);
+    else
+        kw__req_send(r, KW_PROTO_RESULT, doc, true);
+    cJSON_Delete(doc);
+}
+
+/* evict {"match": {...}, "force"?}: the entries that match, removed. */
+void kw__run_evict_match(kw__req *r, const cJSON *match)
+{
+    kw_warm_filter f;
+    uint8_t digest[KW_CACHE_DIGEST_LEN];
+    char err[1200];
+    cJSON *doc = NULL;
+    bool force = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r->header, "force"));
+    int rc = read_filter(r->d, match, &f, digest, err, sizeof err);
+    if (rc == 0 && f.family == NULL && f.digest == NULL && !f.unpinned &&
+        f.before == 0) {
+        snprintf(err, sizeof err, "evict: \"match\" needs digest, family, "
+                 "unpinned or before");
+        rc = KW_EINVAL;
+    }
+    if (rc == 0 && (rc = kw_warm_ls(r->d->cache, &f, &doc)) < 0)
+        snprintf(err, sizeof err, "%s", kw_strerror(rc));
+    if (rc == 0 && (rc = kw_warm_evict(r->d->cache, doc, force, err, sizeof err)) == 0) {
+        cJSON_DeleteItemFromObjectCaseSensitive(doc, "removed"); /* a reference */
+        rc = stream_entries(r, doc, "entries");
+    }
+    if (rc < 0)
+        kw__req_error(r, rc, err[0] ? err : NULL, true);
+    else
+        kw__req_send(r, KW_PROTO_RESULT, doc, true);
+    cJSON_Delete(doc);
+}
+
+void kw__run_pins(kw__req *r)
+{
+    cJSON *doc = NULL;
+    int rc = kw_warm_pins(r->d->cache, &doc);
+    if (rc < 0)
+        kw__req_error(r, rc, NULL, true);
+    else
+        kw__req_send(r, KW_PROTO_RESULT, doc, true);
+    cJSON_Delete(doc);
+}
+
+void kw__run_unpin(kw__req *r)
+{
+    const char *name = cJSON_GetStringValue(
+        cJSON_GetObjectItemCaseSensitive(r->header, "name"));
+    char err[160];
+    cJSON *doc = NULL;
+    int rc = name ? kw_warm_unpin(r->d->cache, name, &doc) : KW_EINVAL;
+    if (rc == KW_ENOTFOUND || (rc == KW_EINVAL && name != NULL))
+        snprintf(err, sizeof err, "%.80s: no such pin set (kwarm pins lists them)",
+                 name);
+    else if (rc == KW_EINVAL)
+        snprintf(err, sizeof err, "unpin: \"name\" must be a string");
+    if (rc < 0)
+        kw__req_error(r, rc, rc == KW_ENOTFOUND || rc == KW_EINVAL ? err : NULL,
+                      true);
+    else
+        kw__req_send(r, KW_PROTO_RESULT, doc, true);
+    cJSON_Delete(doc);
+}
+
+void kw__run_resize(kw__req *r)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(r->header, "max_size");
+    cJSON *doc = NULL;
+    int rc = cJSON_IsNumber(v) && v->valuedouble >= KW_CACHE_MIN_SIZE &&
+                     v->valuedouble <= (double)KW_CACHE_MAX_SIZE
+                 ? kw_warm_resize(r->d->cache, (uint64_t)v->valuedouble, &doc)
+                 : KW_EINVAL;
+    if (rc == KW_EINVAL)
+        kw__req_error(r, rc, "resize: \"max_size\" must be bytes in [1M, 16T]",
+                      true);
+    else if (rc < 0)
+        kw__req_error(r, rc, kw_cache_last_error(r->d->cache), true);
+    else
+        kw__req_send(r, KW_PROTO_RESULT, doc, true);
+    cJSON_Delete(doc);
+}
