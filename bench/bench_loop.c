@@ -121,23 +121,12 @@ static int hold_writer(const char *cache, pid_t *pid)
     return ok ? go[1] : -1;
 }
 
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    char *buf = f ? malloc(1 << 20) : NULL;
-    size_t n = buf ? fread(buf, 1, (1 << 20) - 1, f) : 0;
-    if (f)
-        fclose(f);
-    if (buf)
-        buf[n] = '\0';
-    return buf;
-}
 
 /* The warmup situation: pings while one client warms ~20,000 keys. */
 static int during_warmup(kw_client *c, const char *world, pinger *p,
                          const char *sock, cJSON *arr)
 {
-    char *cfg = slurp("tests/fixtures/deepseek-v4-flash.json"), *res = NULL;
+    char *cfg = bench_slurp("tests/fixtures/deepseek-v4-flash.json"), *res = NULL;
     char dep[128];
     pthread_t th;
     snprintf(dep, sizeof dep, "{\"dcp_world\": %s, \"arch\": \"sm_90,sm_100\"}",

@@ -52,16 +52,6 @@ typedef struct shared {
     _Atomic uint64_t big_warmups, evicts, hostile_conns;
 } shared;
 
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    char *buf = f ? calloc(1, 1 << 20) : NULL;
-    if (buf != NULL)
-        fread(buf, 1, (1 << 20) - 1, f);
-    if (f)
-        fclose(f);
-    return buf;
-}
 
 /* Anonymous resident KiB (the heap: what a leak grows; file-backed pages
  * of the LMDB map and libraries are the page cache's) and open
@@ -187,7 +177,7 @@ int main(int argc, char **argv)
         return 2;
     }
     char dir[] = "/tmp/kw-soak-XXXXXX", sock[64], cache[64];
-    shared s = {.sock = sock, .config = slurp(MODEL)};
+    shared s = {.sock = sock, .config = bench_slurp(MODEL)};
     kw_client *c = NULL;
     char *res = NULL;
     if (mkdtemp(dir) == NULL || s.config == NULL)

@@ -5,6 +5,7 @@
 
 #include <limits.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -50,6 +51,20 @@ static inline int bench_cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
+}
+
+/* A file's text (at most 1 MiB, NUL-terminated; free() it), or NULL. */
+static inline char *bench_slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    char *buf = f ? calloc(1, 1 << 20) : NULL;
+    if (buf != NULL && fread(buf, 1, (1 << 20) - 1, f) == 0 && ferror(f)) {
+        free(buf);
+        buf = NULL;
+    }
+    if (f)
+        fclose(f);
+    return buf;
 }
 
 /* The path of program `name` beside this bench's own executable (the

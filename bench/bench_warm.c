@@ -88,17 +88,6 @@ static double run_daemon(const opts *o, const char *config, const char *jobs)
     return system(cmd) == 0 ? secs : -1;
 }
 
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    char *buf = f ? malloc(1 << 20) : NULL;
-    size_t n = buf ? fread(buf, 1, (1 << 20) - 1, f) : 0;
-    if (f)
-        fclose(f);
-    if (buf)
-        buf[n] = '\0';
-    return buf;
-}
 
 /* Median and best of n samples (sorted in place). */
 static void stats(double *v, int n, double *median, double *best)
@@ -191,7 +180,7 @@ int main(int argc, char **argv)
                 "[--mode both|prewarm|daemon] [--json FILE]\n");
         return 2;
     }
-    char *config = slurp(o.model);
+    char *config = bench_slurp(o.model);
     double med[MAX_JOBS], best[MAX_JOBS];
     cJSON *arr = cJSON_CreateArray();
     int rc = config ? 0 : -1;

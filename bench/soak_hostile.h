@@ -47,7 +47,7 @@ static size_t soak_push(int fd, const void *buf, size_t len, int ms)
 static void *soak_big_warmups(void *arg)
 {
     shared *s = arg;
-    char *v4 = slurp("tests/fixtures/deepseek-v4-flash.json");
+    char *v4 = bench_slurp("tests/fixtures/deepseek-v4-flash.json");
     kw_client *c = NULL;
     if (v4 == NULL || kw_client_connect(&c, s->sock, 30000, NULL, 0) < 0) {
         atomic_fetch_add(&s->failed, 1);

@@ -179,6 +179,16 @@ int kw_test_run(const char *const argv[], char **out, char **err)
     return WEXITSTATUS(status);
 }
 
+int kw_test_kwarm(const char *const *args, char **out, char **err)
+{
+    const char *argv[32] = {KW_KWARM_BIN};
+    size_t n = 1;
+    for (; args[n - 1] != NULL && n < 31; n++)
+        argv[n] = args[n - 1];
+    argv[n] = NULL;
+    return kw_test_run(argv, out, err);
+}
+
 static void *proc_main(void *arg)
 {
     kw_test_proc *p = arg;

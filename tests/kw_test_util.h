@@ -24,6 +24,10 @@ char *kw_test_read_file(const char *path, size_t *len);
  * signal or could not be started (*err then says why). */
 int kw_test_run(const char *const argv[], char **out, char **err);
 
+/* Runs the kwarm built beside the tests (KW_KWARM_BIN) with args (after
+ * argv[0], NULL-terminated, at most 30); as kw_test_run(). */
+int kw_test_kwarm(const char *const *args, char **out, char **err);
+
 /* kw_test_run() in a background thread: start it, do other things, then
  * collect its exit status, stdout and stderr with kw_test_wait().  argv
  * must stay valid until then. */

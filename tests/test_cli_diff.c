@@ -10,21 +10,12 @@
 
 #define V32 KW_FIXTURES "/deepseek-v3.2-exp.json"
 
-static int kwarm(const char *const *args, char **out, char **err)
-{
-    const char *argv[32] = {KW_KWARM_BIN};
-    size_t n = 1;
-    for (; args[n - 1] != NULL && n < 31; n++)
-        argv[n] = args[n - 1];
-    argv[n] = NULL;
-    return kw_test_run(argv, out, err);
-}
 
 /* The digests of `kwarm keys --json` with args, as one JSON array. */
 static cJSON *digests(const char *const *args)
 {
     char *out = NULL, *err = NULL;
-    cr_assert_eq(kwarm(args, &out, &err), 0, "%s", err);
+    cr_assert_eq(kw_test_kwarm(args, &out, &err), 0, "%s", err);
     cJSON *doc = cJSON_Parse(out), *all = cJSON_CreateArray();
     const cJSON *k;
     cJSON_ArrayForEach(k, cJSON_GetObjectItemCaseSensitive(doc, "keys"))
@@ -52,7 +43,7 @@ Test(cli_diff, the_same_deployment_is_equal_and_exits_0)
     const char *args[] = {"diff", "--model", V32, "--dcp-world", "2", "--against",
                           V32, NULL};
     char *out = NULL, *err = NULL;
-    cr_expect_eq(kwarm(args, &out, &err), 0, "%s", err);
+    cr_expect_eq(kw_test_kwarm(args, &out, &err), 0, "%s", err);
     cr_expect(strstr(out, "equal: 0 new compiles") != NULL, "%s", out);
     free(out);
     free(err);
@@ -68,7 +59,7 @@ Test(cli_diff, a_deployment_change_lists_the_new_and_the_dropped_keys)
                           V32, "--dcp-world", "4", "--arch", "sm_90,sm_100",
                           "--json", NULL};
     char *out = NULL, *err = NULL;
-    cr_expect_eq(kwarm(args, &out, &err), 1, "differ: exit 1 (%s)", err);
+    cr_expect_eq(kw_test_kwarm(args, &out, &err), 1, "differ: exit 1 (%s)", err);
     cJSON *doc = cJSON_Parse(out);
     cr_assert_not_null(doc, "%s", out);
     cr_expect(cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(doc, "equal")));
@@ -100,7 +91,7 @@ Test(cli_diff, a_model_update_names_the_setting_that_changed)
                                     path, sizeof path), 0);
     const char *args[] = {"diff", "--model", V32, "--against", path, NULL};
     char *out = NULL, *err = NULL;
-    cr_expect_eq(kwarm(args, &out, &err), 1, "%s", err);
+    cr_expect_eq(kw_test_kwarm(args, &out, &err), 1, "%s", err);
     cr_expect(strstr(out, "settings that differ:") && strstr(out, "index_topk") &&
               strstr(out, "2048 -> 512"), "%s", out);
     cr_expect(strstr(out, "new compiles for B") != NULL, "%s", out);
@@ -122,7 +113,7 @@ Test(cli_diff, bad_input_exits_2_naming_the_flag)
     const char *needle[] = {"--against", "--against", "--dcp-world", "--bogus"};
     for (size_t i = 0; i < 4; i++) {
         char *out = NULL, *err = NULL;
-        cr_expect_eq(kwarm(cases[i], &out, &err), 2, "case %zu", i);
+        cr_expect_eq(kw_test_kwarm(cases[i], &out, &err), 2, "case %zu", i);
         cr_expect(strstr(err, needle[i]) != NULL, "case %zu: %s", i, err);
         free(out);
         free(err);

@@ -5,20 +5,11 @@
 
 #define V32 KW_FIXTURES "/deepseek-v3.2-exp.json"
 
-static int kwarm(const char *const *args, char **out, char **err)
-{
-    const char *argv[32] = {KW_KWARM_BIN};
-    size_t n = 1;
-    for (; args[n - 1] != NULL && n < 31; n++)
-        argv[n] = args[n - 1];
-    argv[n] = NULL;
-    return kw_test_run(argv, out, err);
-}
 
 static cJSON *kwarm_json(const char *const *args, int want)
 {
     char *out = NULL, *err = NULL;
-    int st = kwarm(args, &out, &err);
+    int st = kw_test_kwarm(args, &out, &err);
     cr_assert_eq(st, want, "kwarm %s: exit %d: %s", args[0], st, err);
     cJSON *doc = cJSON_Parse(out);
     cr_assert_not_null(doc, "%s", out);
@@ -37,7 +28,7 @@ Test(cli_socket, admin_commands_through_kwarmd_match_the_cache, .timeout = 120)
                           "v32", "--quiet", NULL};
     cJSON_Delete(NULL);
     char *out = NULL, *err = NULL;
-    cr_assert_eq(kwarm(warm, &out, &err), 0, "%s", err);
+    cr_assert_eq(kw_test_kwarm(warm, &out, &err), 0, "%s", err);
     free(out);
     free(err);
     /* ls: the same entries as --cache reads (the cache stays kwarmd's). */
@@ -55,7 +46,7 @@ Test(cli_socket, admin_commands_through_kwarmd_match_the_cache, .timeout = 120)
     snprintf(path, sizeof path, "%s/k.cubin", d.dir);
     const char *get[] = {"get", "--digest", prefix, "--socket", d.sock, "-o", path,
                          NULL};
-    cr_expect_eq(kwarm(get, &out, &err), 0, "%s", err);
+    cr_expect_eq(kw_test_kwarm(get, &out, &err), 0, "%s", err);
     free(out);
     free(err);
     /* pins, then evict refusing pinned entries unless --force. */
@@ -64,7 +55,7 @@ Test(cli_socket, admin_commands_through_kwarmd_match_the_cache, .timeout = 120)
     cr_expect_str_eq(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(p0, "name")),
                      "v32");
     const char *ev[] = {"evict", "--socket", d.sock, "--family", "indexer_topk", NULL};
-    cr_expect_eq(kwarm(ev, &out, &err), 1, "pinned entries are refused");
+    cr_expect_eq(kw_test_kwarm(ev, &out, &err), 1, "pinned entries are refused");
     cr_expect(strstr(err, "pinned") != NULL, "%s", err);
     free(out);
     free(err);
@@ -78,7 +69,7 @@ Test(cli_socket, admin_commands_through_kwarmd_match_the_cache, .timeout = 120)
                                            "--json", NULL}, 0);
     cr_expect_str_eq(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(u, "name")),
                      "v32");
-    cr_expect_eq(kwarm((const char *[]){"unpin", "--socket", d.sock, "v32", NULL},
+    cr_expect_eq(kw_test_kw_test_kwarm((const char *[]){"unpin", "--socket", d.sock, "v32", NULL},
                        &out, &err), 1, "the set is gone");
     free(out);
     free(err);

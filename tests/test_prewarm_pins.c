@@ -26,21 +26,11 @@ static void teardown(void)
     kw_test_rmtree(dir);
 }
 
-/* Runs kwarm with args; returns its exit status, stdout and stderr. */
-static int kwarm(const char *const *args, char **out, char **err)
-{
-    const char *argv[32] = {KW_KWARM_BIN};
-    size_t n = 1;
-    for (; args[n - 1] != NULL && n < 31; n++)
-        argv[n] = args[n - 1];
-    argv[n] = NULL;
-    return kw_test_run(argv, out, err);
-}
 
 static int kwarm_quiet(const char *const *args)
 {
     char *out = NULL, *err = NULL;
-    int st = kwarm(args, &out, &err);
+    int st = kw_test_kwarm(args, &out, &err);
     if (st != 0)
         cr_log_error("kwarm %s: exit %d: %s", args[0], st, err);
     free(out);
@@ -84,7 +74,7 @@ Test(prewarm_pins, a_second_prewarm_evicts_nothing_it_or_the_first_one_warmed,
                        "0", "--cache", cache, "--max-size", "1M", "--json",
                        "--quiet", NULL};
     char *out = NULL, *err = NULL;
-    cr_assert_eq(kwarm(b, &out, &err), 0, "%s", err);
+    cr_assert_eq(kw_test_kwarm(b, &out, &err), 0, "%s", err);
     cJSON *doc = cJSON_Parse(out);
     cr_assert_not_null(doc, "%s", out);
     cJSON *after = stored();
@@ -119,7 +109,7 @@ Test(prewarm_pins, a_deployment_that_cannot_fit_beside_the_pins_fails_before_wri
     const char *small[] = {"prewarm", "--model", V4, "--dcp-world", "512", "--arch",
                            "sm_100", "--cache", cache, "--quiet", NULL};
     char *out = NULL, *err = NULL;
-    cr_expect_eq(kwarm(small, &out, &err), 1);
+    cr_expect_eq(kw_test_kwarm(small, &out, &err), 1);
     cr_expect(strstr(err, "does not fit") && strstr(err, "nothing was written") &&
               strstr(err, "kwarm resize"), "%s", err);
     cJSON *after = stored();
@@ -149,7 +139,7 @@ Test(prewarm_pins, pin_on_prewarm_and_on_warmup_records_the_deployment,
     const char *wu[] = {"warmup", "--model", V32, "--dcp-world", "2", "--socket",
                         d.sock, "--pin", "v32-b", "--json", "--quiet", NULL};
     char *out = NULL, *err = NULL;
-    cr_assert_eq(kwarm(wu, &out, &err), 0, "%s", err);
+    cr_assert_eq(kw_test_kwarm(wu, &out, &err), 0, "%s", err);
     cJSON *doc = cJSON_Parse(out);
     cr_expect(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(doc, "pinned")), "%s",
               out);
@@ -169,7 +159,7 @@ Test(prewarm_pins, pin_on_prewarm_and_on_warmup_records_the_deployment,
     cr_expect_geq(st.pinned_entries, (uint64_t)n, "the warmup's keys are pinned");
     kw_cache_close(kc);
     const char *pins[] = {"pins", "--cache", cache, NULL};
-    cr_assert_eq(kwarm(pins, &out, &err), 0, "%s", err);
+    cr_assert_eq(kw_test_kwarm(pins, &out, &err), 0, "%s", err);
     cr_expect(strstr(out, "v32-a") && strstr(out, "v32-b"), "%s", out);
     free(out);
     free(err);
