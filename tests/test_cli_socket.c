@@ -69,7 +69,7 @@ Test(cli_socket, admin_commands_through_kwarmd_match_the_cache, .timeout = 120)
                                            "--json", NULL}, 0);
     cr_expect_str_eq(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(u, "name")),
                      "v32");
-    cr_expect_eq(kw_test_kw_test_kwarm((const char *[]){"unpin", "--socket", d.sock, "v32", NULL},
+    cr_expect_eq(kw_test_kwarm((const char *[]){"unpin", "--socket", d.sock, "v32", NULL},
                        &out, &err), 1, "the set is gone");
     free(out);
     free(err);
