@@ -18,7 +18,7 @@ static cJSON *kwarm_json(const char *const *args, int want)
     return doc;
 }
 
-Test(cli_socket, admin_commands_through_kwarmd_match_the_cache, .timeout = 120)
+Test(cli_socket, admin_commands_through_kwarmd_match_the_cache)
 {
     cr_assert_eq(setenv("KWARM_TEST_INSTANT_COMPILE", "1", 1), 0);
     kwd d;

@@ -54,6 +54,9 @@ static void expect_back_to(const kwd *d, int fds0, long rss0, const char *when)
         fds = fd_count(d->pid);
         rss = rss_anon_kib(d->pid);
         bool ok = fds <= fds0 + fds0 / 10 + 1 && rss <= rss0 + rss0 / 10 + 2048;
+#ifdef __SANITIZE_ADDRESS__
+        ok = fds <= fds0 + fds0 / 10 + 1;
+#endif
         if (ok || kwd_now_ms() > deadline)
             break;
         kwd_nap_ms(100); /* polling /proc with a deadline: the heap is trimmed
@@ -61,8 +64,12 @@ static void expect_back_to(const kwd *d, int fds0, long rss0, const char *when)
     }
     cr_expect(fds <= fds0 + fds0 / 10 + 1, "%s: %d descriptors, started at %d",
               when, fds, fds0);
+#ifndef __SANITIZE_ADDRESS__
     cr_expect(rss <= rss0 + rss0 / 10 + 2048, "%s: RssAnon %ld KiB, started "
               "at %ld KiB", when, rss, rss0);
+#else
+    (void)rss; /* ASan's quarantine keeps freed memory: judged unsanitized */
+#endif
 }
 
 /* A raw connection to sock, non-blocking when nb. */
@@ -148,8 +155,7 @@ static size_t flood(int fd, const uint8_t *frame, size_t len, size_t n)
     return sent;
 }
 
-Test(hostile, a_client_that_pipelines_gets_and_never_reads_is_bounded_and_dropped,
-     .timeout = 300)
+Test(hostile, a_client_that_pipelines_gets_and_never_reads_is_bounded_and_dropped)
 {
     big_instant();
     kwd d;
@@ -204,7 +210,7 @@ Test(hostile, a_client_that_pipelines_gets_and_never_reads_is_bounded_and_droppe
     kwd_down(&d, &c);
 }
 
-Test(hostile, a_slow_reader_gets_every_reply, .timeout = 120)
+Test(hostile, a_slow_reader_gets_every_reply)
 {
     big_instant();
     kwd d;
@@ -279,7 +285,7 @@ Test(hostile, the_connection_over_the_cap_gets_an_error_frame)
     kwd_down(&d, &c);
 }
 
-Test(hostile, five_thousand_idle_connections_and_a_good_client, .timeout = 300)
+Test(hostile, five_thousand_idle_connections_and_a_good_client)
 {
     raise_nofile(12000);
     kwd d;
@@ -301,7 +307,7 @@ Test(hostile, five_thousand_idle_connections_and_a_good_client, .timeout = 300)
     kwd_down(&d, &c);
 }
 
-Test(hostile, a_hundred_thousand_connects_and_disconnects, .timeout = 300)
+Test(hostile, a_hundred_thousand_connects_and_disconnects)
 {
     kwd d;
     kwc c;
@@ -317,8 +323,7 @@ Test(hostile, a_hundred_thousand_connects_and_disconnects, .timeout = 300)
 
 /* ---- garbage ---------------------------------------------------------------- */
 
-Test(hostile, random_bytes_at_full_speed_are_refused_and_others_served,
-     .timeout = 120)
+Test(hostile, random_bytes_at_full_speed_are_refused_and_others_served)
 {
     kwd d;
     kwc c;
@@ -488,7 +493,9 @@ Test(hostile, an_allocation_failure_gets_an_error_frame_and_kwarmd_goes_on)
         kwr_free(&r);
         kwc_expect_pong(&c, "after a failed stats");
     }
-    kwr r = kwc_call(&c, KW_PROTO_KEYS, kwd_model_hdr(V32, 0), NULL);
+    cJSON *h0 = kwd_model_hdr(V32, 0);
+    kwr r = kwc_call(&c, KW_PROTO_KEYS, h0, NULL);
+    cJSON_Delete(h0);
     kwr_expect_type(&r, KW_PROTO_RESULT, "keys, untouched by the hook");
     kwr_free(&r);
     kwd_down(&d, &c);

@@ -29,7 +29,9 @@ Test(daemon_log, lines_carry_an_rfc3339_time_and_a_level_off_journald)
     kwd d;
     kwc c;
     kwd_up(&d, "kwl-time", 1, NULL, &c);
-    kwr r = kwc_call(&c, KW_PROTO_WARMUP, kwd_model_hdr(V32, 0), NULL);
+    cJSON *h0 = kwd_model_hdr(V32, 0);
+    kwr r = kwc_call(&c, KW_PROTO_WARMUP, h0, NULL);
+    cJSON_Delete(h0);
     kwr_expect_type(&r, KW_PROTO_RESULT, "warmup");
     double n = kwr_num(&r, "keys");
     kwr_free(&r);

@@ -22,7 +22,7 @@ static void write_decoy(const char *dir, char *path, size_t cap)
     cJSON_Delete(cfg);
 }
 
-Test(daemon_misses, a_key_from_the_wrong_config_level_is_explained, .timeout = 120)
+Test(daemon_misses, a_key_from_the_wrong_config_level_is_explained)
 {
     cr_assert_eq(setenv("KWARM_TEST_INSTANT_COMPILE", "1", 1), 0);
     kwd d;

@@ -153,8 +153,7 @@ static void wait_submitted(const char *sock, double want)
     kwc_close(&s);
 }
 
-Test(scale, sigterm_with_100000_keys_queued_cancels_them_and_exits_0_in_5s,
-     .timeout = 300)
+Test(scale, sigterm_with_100000_keys_queued_cancels_them_and_exits_0_in_5s)
 {
     /* Every worker hangs on the first family's keys, so the rest stays
      * queued until the signal. */
@@ -235,7 +234,7 @@ static double p99(pinger *p)
     return p->n ? p->lat[(p->n * 99) / 100] : 0;
 }
 
-Test(scale, pings_are_answered_while_20000_keys_are_submitted, .timeout = 300)
+Test(scale, pings_are_answered_while_20000_keys_are_submitted)
 {
     instant();
     kwd d;
@@ -295,15 +294,15 @@ static pid_t hold_writer(const char *cache, int *release)
     return pid;
 }
 
-Test(scale, pings_are_answered_while_an_evict_waits_for_the_writer_lock,
-     .timeout = 120)
+Test(scale, pings_are_answered_while_an_evict_waits_for_the_writer_lock)
 {
     instant();
     kwd d;
     kwc c, e;
     kwd_up(&d, "kwd-evict", 1, NULL, &c);
-    kwr w = kwc_call(&c, KW_PROTO_WARMUP, kwd_model_hdr("deepseek-v3.2-exp.json", 0),
-                     NULL);
+    cJSON *wh = kwd_model_hdr("deepseek-v3.2-exp.json", 0);
+    kwr w = kwc_call(&c, KW_PROTO_WARMUP, wh, NULL);
+    cJSON_Delete(wh);
     kwr_expect_type(&w, KW_PROTO_RESULT, "warmup");
     const cJSON *first = cJSON_GetArrayItem(
         cJSON_GetObjectItemCaseSensitive(w.hdr, "manifest"), 0);

@@ -41,8 +41,7 @@ static void expect_manifest(const cJSON *doc, double n, const char *who)
     cr_expect(cJSON_IsNumber(k) && k->valuedouble == n, "%s: keys", who);
 }
 
-Test(daemon_warm, a_1000_key_warmup_completes_through_every_client,
-     .timeout = 300)
+Test(daemon_warm, a_1000_key_warmup_completes_through_every_client)
 {
     instant();
     kwd d;
@@ -113,8 +112,7 @@ Test(daemon_warm, a_1000_key_warmup_completes_through_every_client,
 
 /* ---- failures carry their reason ------------------------------------------ */
 
-Test(daemon_warm, a_failed_compile_reaches_the_client_the_cli_and_the_log,
-     .timeout = 300)
+Test(daemon_warm, a_failed_compile_reaches_the_client_the_cli_and_the_log)
 {
     kwd d;
     kwc c;
@@ -170,8 +168,7 @@ Test(daemon_warm, a_failed_compile_reaches_the_client_the_cli_and_the_log,
     free(err);
 }
 
-Test(daemon_warm, a_crashing_worker_fails_its_keys_and_kwarmd_serves_on,
-     .timeout = 120)
+Test(daemon_warm, a_crashing_worker_fails_its_keys_and_kwarmd_serves_on)
 {
     instant();
     cr_assert_eq(setenv("KWARM_TEST_CRASH_FAMILY", "dcp_stable_topk", 1), 0);
@@ -197,7 +194,9 @@ Test(daemon_warm, a_crashing_worker_fails_its_keys_and_kwarmd_serves_on,
     }
     kwr_free(&r);
     kwc_expect_pong(&c, "after worker crashes");
-    r = kwc_call(&c, KW_PROTO_WARMUP, kwd_model_hdr(V32, 0), NULL);
+    cJSON *h0 = kwd_model_hdr(V32, 0);
+    r = kwc_call(&c, KW_PROTO_WARMUP, h0, NULL);
+    cJSON_Delete(h0);
     kwr_expect_type(&r, KW_PROTO_RESULT, "a warmup after the crashes");
     cr_expect_eq(kwr_num(&r, "failed"), 0);
     kwr_free(&r);

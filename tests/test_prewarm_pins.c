@@ -97,7 +97,7 @@ Test(prewarm_pins, a_second_prewarm_evicts_nothing_it_or_the_first_one_warmed,
 }
 
 Test(prewarm_pins, a_deployment_that_cannot_fit_beside_the_pins_fails_before_writing,
-     .init = setup, .fini = teardown, .timeout = 300)
+     .init = setup, .fini = teardown)
 {
     /* About 3,200 stand-in entries of 256 bytes, pinned, in a 1 MiB cache:
      * the same deployment on another arch cannot fit beside them. */
@@ -127,7 +127,7 @@ Test(prewarm_pins, a_deployment_that_cannot_fit_beside_the_pins_fails_before_wri
 }
 
 Test(prewarm_pins, pin_on_prewarm_and_on_warmup_records_the_deployment,
-     .init = setup, .fini = teardown, .timeout = 120)
+     .init = setup, .fini = teardown)
 {
     const char *pw[] = {"prewarm", "--model", V32, "--cache", cache, "--pin",
                         "v32-a", "--quiet", NULL};

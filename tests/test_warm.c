@@ -176,7 +176,7 @@ Test(warm, two_jobs_of_the_same_keys_compile_each_key_once)
 
 /* ---- failures ------------------------------------------------------------ */
 
-Test(warm, a_key_nvrtc_cannot_compile_fails_with_its_log, .timeout = 120)
+Test(warm, a_key_nvrtc_cannot_compile_fails_with_its_log)
 {
     rig r;
     rig_up(&r, "warm-fail", 1, 0);
@@ -226,8 +226,7 @@ Test(warm, a_crashing_worker_fails_only_its_keys_and_is_replaced)
     rig_down(&r);
 }
 
-Test(warm, a_compile_past_its_time_limit_fails_and_the_pipeline_goes_on,
-     .timeout = 120)
+Test(warm, a_compile_past_its_time_limit_fails_and_the_pipeline_goes_on)
 {
     instant();
     cr_assert_eq(setenv("KWARM_TEST_HANG_FAMILY", "dcp_stable_topk", 1), 0);
@@ -266,7 +265,7 @@ Test(warm, a_missing_helper_fails_the_open_with_its_path)
 
 /* ---- cancellation ---------------------------------------------------------- */
 
-Test(warm, cancel_reports_every_queued_key_cancelled, .timeout = 120)
+Test(warm, cancel_reports_every_queued_key_cancelled)
 {
     instant();
     cr_assert_eq(setenv("KWARM_TEST_HANG_FAMILY", "prefill_chunk_metadata", 1), 0);
@@ -289,8 +288,7 @@ Test(warm, cancel_reports_every_queued_key_cancelled, .timeout = 120)
     rig_down(&r);
 }
 
-Test(warm, a_cancelled_job_stops_but_a_job_sharing_its_keys_completes,
-     .timeout = 120)
+Test(warm, a_cancelled_job_stops_but_a_job_sharing_its_keys_completes)
 {
     instant();
     rig r;
