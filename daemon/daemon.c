@@ -197,6 +197,7 @@ static int open_warm(kw__daemon *d, char *err, size_t errlen)
 {
     const kw_daemon_opts *o = d->opts;
     kw_warm_opts wo = {.cache = d->cache, .remote = d->remote, .jobs = o->jobs,
+                       .read_only = kw_cache_is_read_only(d->cache),
                        .compile_timeout_ms = o->compile_timeout_ms,
                        .mem_limit = o->compile_mem_limit,
                        .helper = o->compile_helper[0] ? o->compile_helper : NULL};
@@ -207,11 +208,17 @@ static int start(kw__daemon *d, char *err, size_t errlen)
 {
     const kw_daemon_opts *o = d->opts;
     kw_cache_opts co = {.dir = o->cache_dir, .max_size = o->max_size,
-                        .defer_writes = true};
+                        .defer_writes = true, .read_only = o->read_only,
+                        .auto_read_only = true};
     int rc = open_remote(d, err, errlen);
     if (rc == 0)
         rc = kw_cache_open(&d->cache, &co, err, errlen);
-    if (rc == 0)
+    bool ro = rc == 0 && kw_cache_is_read_only(d->cache);
+    if (ro) /* serves hits, compiles nothing; kwarmd writes nothing there */
+        KW_LOG(KW_LOG_INFO, "cache %s is read-only%s: hits are served, a miss "
+               "is answered \"not cached (read-only cache)\"", o->cache_dir,
+               o->read_only ? " (--read-only)" : " (not writable here)");
+    if (rc == 0 && !ro) /* a read-only cache cannot be fought over */
         rc = lock_cache(d, err, errlen);
     if (rc == 0 && (rc = kw__audit_open(&d->audit, o->cache_dir,
                                         kw_cache_is_read_only(d->cache))) < 0)

@@ -320,9 +320,12 @@ static int handle_get(kw__conn *c, const cJSON *hdr, double t0)
     }
     /* One lookup on the hit path; a miss (or a corrupt entry, queued for
      * removal) goes on to the warm pipeline when the key is whole. */
-    bool may_compile = have_key && !cJSON_IsFalse(comp);
-    rc = get_reply(c, k.digest, false, !may_compile);
+    bool ro = kw_cache_is_read_only(c->d->cache);
+    bool may_compile = have_key && !cJSON_IsFalse(comp) && !ro;
+    rc = get_reply(c, k.digest, false, !may_compile && !ro);
     bool missed = rc == KW_ENOTFOUND || rc == KW_ECORRUPT;
+    if (missed && ro) /* nothing is compiled into a read-only cache */
+        kw__conn_error(c, KW_EROFS, "not cached (read-only cache)", false);
     if (missed && !may_compile)
         audit_miss(c->d, c->uid, c->pid, &k, have_key, 0);
     if (rc == 0 || !may_compile || !missed)

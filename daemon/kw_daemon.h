@@ -36,6 +36,8 @@ typedef struct kw_daemon_opts {
     bool deny_root;            /* refuse uid 0 too (root is allowed by
                                   default, whatever the allowlist) */
     int log_level;             /* syslog-style: 3 error .. 7 debug (6) */
+    bool read_only;            /* serve hits only, never write the cache
+                                  (also chosen when it is not writable) */
     uid_t allow_uid[KW_DAEMON_MAX_ALLOW];
     size_t nallow_uid;         /* none of either: the daemon's own uid */
     gid_t allow_gid[KW_DAEMON_MAX_ALLOW];

@@ -28,7 +28,7 @@ static const char usage[] =
     "              [--compile-timeout S] [--compile-memory SIZE]\n"
     "              [--compile-helper PATH]\n"
     "              [--max-output SIZE] [--max-connections N] [--deny-root]\n"
-    "              [--log-level error|warn|info|debug]\n"
+    "              [--log-level error|warn|info|debug] [--read-only]\n"
     "              [--allow-uid UID]... [--allow-gid GID]... [--idle-timeout MS]\n"
     "              [--socket-mode MODE]\n"
     "              [--remote redis://HOST:PORT[/DB] --remote-key-file F]\n"
@@ -68,6 +68,9 @@ static const char usage[] =
     "  --remote-timeout MS timeout of every Redis call (1000)\n"
     "  --remote-lease MS   fleet compile lease, and the longest wait on\n"
     "                      another node compiling the same key (60000)\n"
+    "  --read-only         serve the cache's hits, never write it: a miss is\n"
+    "                      \"not cached (read-only cache)\" (also chosen, with a\n"
+    "                      log line, when the cache is not writable)\n"
     "  --log-level LEVEL   error, warn, info (default) or debug; lines carry an\n"
     "                      RFC 3339 time, or a journald priority under systemd\n"
     "  --metrics-listen HOST:PORT  serve Prometheus metrics at\n"
@@ -275,6 +278,14 @@ static int set_deny_root(kw_daemon_opts *o, const char *v)
     return 0;
 }
 
+static int set_read_only(kw_daemon_opts *o, const char *v)
+{
+    if (strcmp(v, "true") != 0 && strcmp(v, "false") != 0)
+        return KW_EINVAL;
+    o->read_only = v[0] == 't';
+    return 0;
+}
+
 static int set_log_level(kw_daemon_opts *o, const char *v)
 {
     int level = kw__log_level_from_name(v);
@@ -304,6 +315,7 @@ static const struct option_def {
     {"max-connections", set_max_connections, "an integer in [1, 1000000]"},
     {"deny-root", set_deny_root, "true or false"},
     {"log-level", set_log_level, "error, warn, info or debug"},
+    {"read-only", set_read_only, "true or false"},
     {"max-size", set_max_size, "a size of at least 1M (bytes, or K/M/G)"},
     {"allow-uid", set_allow_uid, "a uid or user name (at most 32)"},
     {"allow-gid", set_allow_gid, "a gid or group name (at most 32)"},
@@ -415,8 +427,8 @@ static int parse_flags(kw_daemon_opts *o, int argc, char **argv)
         }
         if (strcmp(a, "--version") == 0)
             return print_version() == 0 ? 1 : -1;
-        if (strcmp(a, "--deny-root") == 0) { /* the one flag without a value */
-            o->deny_root = true;
+        if (strcmp(a, "--deny-root") == 0 || strcmp(a, "--read-only") == 0) {
+            *(a[2] == 'd' ? &o->deny_root : &o->read_only) = true; /* no value */
             continue;
         }
         const struct option_def *def = strncmp(a, "--", 2) == 0 ? find_option(a + 2) : NULL;

@@ -180,6 +180,7 @@ void kw__run_stats(kw__req *r)
     char *text = NULL;
     cJSON *h = cJSON_CreateObject();
     if (!add_numbers(h, names, v, n) ||
+        cJSON_AddBoolToObject(h, "read_only", st.read_only) == NULL ||
         kw__metrics_format(r->d, &st, &ws, &rs, &text, &len) < 0 ||
         cJSON_AddStringToObject(h, "prometheus", text) == NULL) {
         cJSON_Delete(h);

@@ -167,7 +167,7 @@ static void on_result(const kw_warm_result *res, void *arg)
     if (atomic_load(&r->aborted) && res->job != NULL)
         kw_warm_job_cancel(res->job); /* the client left */
     r->count[res->status]++;
-    if (res->status == KW_WARM_FAILED)
+    if (res->status == KW_WARM_FAILED && res->rc != KW_EROFS) /* not a compile */
         log_failure(res);
     if (!add_result(r, res))
         KW_LOG(KW_LOG_ERR, "out of memory streaming a warmup result");

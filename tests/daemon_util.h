@@ -197,6 +197,9 @@ static inline pid_t kwd_spawn(const kwd *d, const char *const *args,
     int nullfd = open("/dev/null", O_RDWR | O_CLOEXEC);
     cr_assert(logfd >= 0 && nullfd >= 0, "open %s: %s", log, strerror(errno));
     pid_t parent = getpid();
+    /* KWD_TEST_AS_UID: run kwarmd as that user (gid the same number). */
+    const char *as = getenv("KWD_TEST_AS_UID");
+    uid_t as_uid = as ? (uid_t)strtoul(as, NULL, 10) : 0;
     long maxfd = sysconf(_SC_OPEN_MAX);
     if (maxfd < 0 || maxfd > 65536)
         maxfd = 65536;
@@ -210,6 +213,9 @@ static inline pid_t kwd_spawn(const kwd *d, const char *const *args,
             _exit(127);
         if (dup2(nullfd, 0) < 0 || dup2(nullfd, 1) < 0 || dup2(logfd, 2) < 0)
             _exit(127);
+        if (as_uid != 0 && (setgroups(0, NULL) < 0 || setgid(as_uid) < 0 ||
+                            setuid(as_uid) < 0))
+            _exit(126);
         for (long fd = 3; fd < maxfd; fd++) /* criterion's pipes, clients */
             close((int)fd);
         sigset_t none;

@@ -149,6 +149,10 @@ static bool run_flight(kw_warm *w, flight *f, outcome *out)
     kw_remote_lease lease;
     kw_remote *remote = w->o.remote;
     *out = (outcome){KW_WARM_FAILED, 0, NULL};
+    if (w->o.read_only) { /* nothing can be stored: nothing is compiled */
+        out->rc = KW_EROFS; /* "not cached (read-only cache)" says it all */
+        return false;
+    }
     if (remote != NULL &&
         kw_remote_begin(remote, w->o.cache, f->key.digest, is_stopping, w,
                         &lease) == 0) {

@@ -58,6 +58,9 @@ typedef struct kw_warm_opts {
     unsigned store_batch; /* compiled keys stored by one transaction at
                              most (group commit); 0: 64; 1: one commit
                              per key */
+    bool read_only;      /* the cache is read-only: a miss is never
+                            compiled, it fails with KW_EROFS ("not cached
+                            (read-only cache)") */
     bool verify_hits;    /* a hit is read and its checksum verified (a
                             corrupt entry is removed and compiled again);
                             else a hit is the entry's existence */
