@@ -132,7 +132,7 @@ Test(cli_help, kwarm_help_lists_version_and_help)
     words_free(&cmds);
 }
 
-Test(cli_help, every_flag_a_command_takes_is_in_its_help, .timeout = 600)
+Test(cli_help, every_flag_a_command_takes_is_in_its_help)
 {
     setenv("KWARM_SOCKET", "/nonexistent/kwarm-help-test.sock", 1);
     words cmds = {0}, flags = {0};

@@ -104,7 +104,7 @@ static char *readme_example(void)
 }
 
 Test(install, readme_client_example_builds_with_pkg_config_from_the_prefix,
-     .init = setup, .fini = teardown, .timeout = 300)
+     .init = setup, .fini = teardown)
 {
     install();
     char *code = readme_example();
@@ -175,8 +175,7 @@ static void check_header(const char *dir, const char *name)
     free(text);
 }
 
-Test(install, installed_headers_stand_alone, .init = setup, .fini = teardown,
-     .timeout = 300)
+Test(install, installed_headers_stand_alone, .init = setup, .fini = teardown)
 {
     install();
     char dir[256];
@@ -197,7 +196,7 @@ Test(install, installed_headers_stand_alone, .init = setup, .fini = teardown,
 /* Issue 12 point 9: systemd removes a service's RuntimeDirectory= when it
  * stops, and /run/kwarm holds the socket unit's socket. */
 Test(install, service_keeps_the_socket_units_directory, .init = setup,
-     .fini = teardown, .timeout = 300)
+     .fini = teardown)
 {
     install();
     char path[256];
