@@ -7,11 +7,12 @@
  * their folder but the C library and cJSON, and name nothing of kernels/
  * (kw_k_), jit/ or cache/.
  */
+#include "daemon_util.h" /* first: it asks for _GNU_SOURCE */
+
 #include <dirent.h>
 #include <libgen.h>
 
 #include "cli_util.h"
-#include "daemon_util.h"
 
 #define README KW_FIXTURES "/../../README.md"
 
