@@ -57,7 +57,7 @@ static void parse_stream(parse_fn parse, const uint8_t *buf, size_t len)
         int rc = parse(buf + off, len - off, &m, &used);
         if (rc != KW_PROTO_OK) {
             CHECK(rc == KW_PROTO_MORE || rc == KW_EPROTO || rc == KW_E2BIG ||
-                  rc == KW_ENOMEM);
+                  rc == KW_EVERSION || rc == KW_ENOMEM);
             return;
         }
         CHECK(used >= KW_PROTO_HEAD_LEN && used <= len - off);
