@@ -322,10 +322,14 @@ static int handle_get(kw__conn *c, const cJSON *hdr, double t0)
      * removal) goes on to the warm pipeline when the key is whole. */
     bool ro = kw_cache_is_read_only(c->d->cache);
     bool may_compile = have_key && !cJSON_IsFalse(comp) && !ro;
-    rc = get_reply(c, k.digest, false, !may_compile && !ro);
+    rc = get_reply(c, k.digest, false, !may_compile && !ro && have_key);
     bool missed = rc == KW_ENOTFOUND || rc == KW_ECORRUPT;
     if (missed && ro) /* nothing is compiled into a read-only cache */
         kw__conn_error(c, KW_EROFS, "not cached (read-only cache)", false);
+    else if (missed && !have_key)
+        kw__conn_error(c, KW_ENOTFOUND, "not cached, and a digest cannot be "
+                       "compiled: ask by family, fields and arch (kwarm keys "
+                       "--json lists them), or warm the deployment first", false);
     if (missed && !may_compile)
         audit_miss(c->d, c->uid, c->pid, &k, have_key, 0);
     if (rc == 0 || !may_compile || !missed)
