@@ -198,6 +198,10 @@ static int open_warm(kw__daemon *d, char *err, size_t errlen)
     const kw_daemon_opts *o = d->opts;
     kw_warm_opts wo = {.cache = d->cache, .remote = d->remote, .jobs = o->jobs,
                        .read_only = kw_cache_is_read_only(d->cache),
+                       /* a warmup's hit is read, verified and counted as
+                        * a get's is; a corrupt entry is dropped and
+                        * compiled again */
+                       .verify_hits = true,
                        .compile_timeout_ms = o->compile_timeout_ms,
                        .mem_limit = o->compile_mem_limit,
                        .helper = o->compile_helper[0] ? o->compile_helper : NULL};

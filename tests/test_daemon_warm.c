@@ -71,6 +71,9 @@ Test(daemon_warm, a_1000_key_warmup_completes_through_every_client)
     cJSON *doc = cJSON_Parse(res);
     expect_manifest(doc, n, "C client");
     cr_expect_eq(cJSON_GetObjectItemCaseSensitive(doc, "compiled")->valuedouble, n);
+    /* A warmup's lookups count as a get's do: n misses, no hit yet. */
+    cr_expect_eq(kwc_stat(&c, "misses"), n);
+    cr_expect_eq(kwc_stat(&c, "hits"), 0);
     cJSON_Delete(doc);
     free(res);
     kw_client_close(cl);
@@ -86,6 +89,8 @@ Test(daemon_warm, a_1000_key_warmup_completes_through_every_client)
     cr_assert_not_null(doc, "not one JSON document: %.200s", out);
     expect_manifest(doc, n, "kwarm warmup --json");
     cr_expect_eq(cJSON_GetObjectItemCaseSensitive(doc, "hits")->valuedouble, n);
+    cr_expect_eq(kwc_stat(&c, "hits"), n, "the second warmup's hits counted");
+    cr_expect_eq(kwc_stat(&c, "misses"), n);
     cJSON_Delete(doc);
     free(out);
     free(err);
@@ -107,6 +112,58 @@ Test(daemon_warm, a_1000_key_warmup_completes_through_every_client)
     free(out);
     free(err);
     free(cfg);
+    kwd_down(&d, &c);
+}
+
+/* ---- progress -------------------------------------------------------------- */
+
+/* Runs argv (stderr a pipe, not a terminal); returns its stderr and
+ * stores the "keys" of its JSON document in *keys. */
+static char *stderr_of(const char *const *argv, int *keys)
+{
+    char *out = NULL, *err = NULL;
+    cr_assert_eq(kw_test_run(argv, &out, &err), 0, "%s: %s", argv[1], err);
+    cJSON *doc = cJSON_Parse(out);
+    cr_assert_not_null(doc, "%s: %.200s", argv[1], out);
+    const cJSON *k = cJSON_GetObjectItemCaseSensitive(doc, "keys");
+    cr_assert(cJSON_IsNumber(k) && k->valuedouble > 0, "%s: keys", argv[1]);
+    *keys = (int)k->valuedouble;
+    cJSON_Delete(doc);
+    free(out);
+    return err;
+}
+
+Test(daemon_warm, progress_lines_go_to_stderr_unless_quiet)
+{
+    instant();
+    kwd d;
+    kwc c;
+    kwd_up(&d, "kwd-progress", 2, NULL, &c);
+    char path[512], cache[512], want[64];
+    snprintf(path, sizeof path, "%s/%s", KW_FIXTURES, V32);
+    snprintf(cache, sizeof cache, "%s/prewarm-cache", d.dir);
+    const char *warm[] = {KW_KWARM_BIN, "warmup", "--model", path, "--socket",
+                          d.sock, "--json", NULL, NULL};
+    const char *pre[] = {KW_KWARM_BIN, "prewarm", "--model", path, "--cache",
+                         cache, "--json", NULL, NULL};
+    const char *const *cmds[] = {warm, pre};
+    for (int q = 0; q < 2; q++) {
+        for (int k = 0; k < 2; k++) {
+            const char **argv = (const char **)cmds[k];
+            argv[7] = q ? "--quiet" : NULL;
+            int n = 0;
+            char *err = stderr_of(argv, &n);
+            snprintf(want, sizeof want, "%s: %d/%d keys settled\n", argv[1], n,
+                     n);
+            if (q)
+                cr_expect(strstr(err, "keys settled") == NULL,
+                          "%s --quiet printed progress: %s", argv[1], err);
+            else
+                cr_expect(strstr(err, want) != NULL, "%s: no final progress "
+                          "line \"%s\" in: %s", argv[1], want, err);
+            free(err);
+        }
+    }
     kwd_down(&d, &c);
 }
 
