@@ -71,7 +71,10 @@ int kw__cli_via_daemon(const char *cmd, const char *sock, const char *request,
     free(hdr);
     free(res);
     kw_client_close(c);
-    return rc == 0 ? KW_CLI_OK : rc == KW_EINVAL ? KW_CLI_USAGE : KW_CLI_RUNTIME;
+    /* the caller's error, as with --cache: a bad value, an ambiguous prefix */
+    return rc == 0 ? KW_CLI_OK
+           : rc == KW_EINVAL || rc == KW_EAMBIGUOUS ? KW_CLI_USAGE
+                                                    : KW_CLI_RUNTIME;
 }
 
 void kw__cli_print_json(const cJSON *doc)

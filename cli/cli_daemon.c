@@ -89,12 +89,13 @@ static int print_usage(const char *usage, bool model)
 }
 
 /* The exit code of a failed request: 2 when the input was at fault (the
- * daemon refused the model, deployment or key), else 1. */
+ * daemon refused the model, deployment, key or an ambiguous digest
+ * prefix, as --cache does), else 1. */
 static int exit_for(int rc)
 {
     switch (rc) {
     case KW_EINVAL: case KW_EJSON: case KW_ECONFIG: case KW_EDEPLOY:
-    case KW_ENOFAMILY: case KW_E2BIG: case -ENAMETOOLONG:
+    case KW_ENOFAMILY: case KW_E2BIG: case KW_EAMBIGUOUS: case -ENAMETOOLONG:
         return KW_CLI_USAGE;
     default:
         return KW_CLI_RUNTIME;

@@ -60,8 +60,10 @@ static int read_filter(kw__daemon *d, const cJSON *m, kw_warm_filter *f,
         return 0;
     char cand[1024] = "";
     int rc = kw_cache_find_prefix(d->cache, dg->valuestring, buf, cand, sizeof cand);
+    for (char *p = cand; (p = strchr(p, '\n')) != NULL;)
+        *p = ' '; /* one line: a client prints no control characters */
     if (rc == KW_EAMBIGUOUS)
-        snprintf(err, errlen, "digest %.64s: ambiguous prefix, it starts:\n%s",
+        snprintf(err, errlen, "digest %.64s: ambiguous prefix, it starts: %s",
                  dg->valuestring, cand);
     else if (rc == KW_ENOTFOUND)
         snprintf(err, errlen, "digest %.64s: not cached", dg->valuestring);

@@ -228,8 +228,10 @@ static int get_digest(kw_cache *c, const char *hex, uint8_t *out, char *err,
     int rc = len >= 8 && len < 64 ? kw_cache_find_prefix(c, hex, out, cand,
                                                           sizeof cand)
                                   : KW_EINVAL;
+    for (char *p = cand; (p = strchr(p, '\n')) != NULL;)
+        *p = ' '; /* one line: a client prints no control characters */
     if (rc == KW_EAMBIGUOUS)
-        snprintf(err, errlen, "get: digest %.64s: ambiguous prefix, it starts:\n%s",
+        snprintf(err, errlen, "get: digest %.64s: ambiguous prefix, it starts: %s",
                  hex, cand);
     else if (rc == KW_ENOTFOUND)
         snprintf(err, errlen, "get: digest %.64s: no cached digest starts so "

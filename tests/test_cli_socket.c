@@ -3,6 +3,9 @@
  * --cache gives (issue 12 points 5 and 6). */
 #include "daemon_util.h"
 
+#include "kw_cache.h"
+#include "kw_keys.h"
+
 #define V32 KW_FIXTURES "/deepseek-v3.2-exp.json"
 
 
@@ -82,5 +85,60 @@ Test(cli_socket, admin_commands_through_kwarmd_match_the_cache)
                  cJSON_GetArraySize(da) - removed);
     for (cJSON **j = (cJSON *[]){a, b, da, db, p, r, u, z, after, NULL}; *j; j++)
         cJSON_Delete(*j);
+    kwd_down(&d, &c);
+}
+
+/* Puts a made-up index_conversion entry under the digest hex. */
+static void put_made_up(kw_cache *c, const char *hex)
+{
+    kw_k_family f;
+    cr_assert_eq(kw_keys_family_from_name("index_conversion", &f), 0);
+    kw_cache_info info = {.nfields = (uint32_t)kw_keys_nfields(f),
+                          .arch = "sm_90", .entry = "kw_k_x", .nvrtc = "13.0",
+                          .family = "index_conversion"};
+    for (uint32_t i = 0; i < info.nfields; i++)
+        info.fields[i] = kw_keys_field_is_bool(f, i) ? 1 : (int64_t)i + 2;
+    uint8_t d[KW_CACHE_DIGEST_LEN];
+    for (size_t i = 0; i < KW_CACHE_DIGEST_LEN; i++)
+        cr_assert_eq(sscanf(hex + 2 * i, "%2hhx", &d[i]), 1);
+    uint8_t blob[64];
+    memset(blob, 0x5a, sizeof blob);
+    cr_assert_eq(kw_cache_put(c, d, &info, blob, sizeof blob, false, NULL), 0);
+}
+
+#define P1 "aabbccdd11111111111111111111111111111111111111111111111111111111"
+#define P2 "aabbccdd22222222222222222222222222222222222222222222222222222222"
+
+/* An ambiguous prefix is the caller's error through kwarmd as with
+ * --cache: exit 2, both candidates named, nothing removed. */
+Test(cli_socket, an_ambiguous_prefix_exits_2_naming_the_candidates)
+{
+    kwd d;
+    kwc c;
+    kwd_init(&d, "kws-ambig");
+    kw_cache_opts o = {.dir = d.cache};
+    kw_cache *kc = NULL;
+    char e[256];
+    cr_assert_eq(kw_cache_open(&kc, &o, e, sizeof e), 0, "%s", e);
+    put_made_up(kc, P1);
+    put_made_up(kc, P2);
+    kw_cache_close(kc);
+    kwd_start(&d, 1, NULL);
+    kwc_must_open(&c, d.sock);
+    const char *cmds[][8] = {
+        {"evict", "--socket", d.sock, "--digest", "aabbccdd", NULL},
+        {"get", "--socket", d.sock, "--digest", "aabbccdd", "-o", "/dev/null", NULL},
+    };
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        char *out = NULL, *err = NULL;
+        cr_expect_eq(kw_test_kwarm(cmds[i], &out, &err), 2, "%s: %s",
+                     cmds[i][0], err);
+        cr_expect(strstr(err, "ambiguous") && strstr(err, P1) && strstr(err, P2) &&
+                  strchr(err, '?') == NULL,
+                  "%s does not name both candidates: %s", cmds[i][0], err);
+        free(out);
+        free(err);
+    }
+    cr_expect_eq(kwc_stat(&c, "entries"), 2, "nothing was removed");
     kwd_down(&d, &c);
 }
