@@ -99,6 +99,8 @@ static void stats(double *v, int n, double *median, double *best)
 
 static int parse(opts *o, int argc, char **argv)
 {
+    if (argc % 2 == 0) /* a flag without its value, or --help */
+        return -1;
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *a = argv[i], *v = argv[i + 1];
         if (strcmp(a, "--model") == 0)
@@ -175,10 +177,11 @@ int main(int argc, char **argv)
               .arch = "sm_90", .mode = "both", .runs = 1,
               .jobs = {1, 2, 4, 8, 16}, .njobs = 5};
     if (parse(&o, argc, argv) < 0) {
-        fprintf(stderr, "usage: bench_warm [--model PATH] [--dcp-world N] "
+        bool help = argc == 2 && strcmp(argv[1], "--help") == 0;
+        fprintf(help ? stdout : stderr, "usage: bench_warm [--model PATH] [--dcp-world N] "
                 "[--arch LIST] [--jobs-list 1,2,4,8,16] [--runs R<=9] "
                 "[--mode both|prewarm|daemon] [--json FILE]\n");
-        return 2;
+        return help ? 0 : 2;
     }
     char *config = bench_slurp(o.model);
     double med[MAX_JOBS], best[MAX_JOBS];
