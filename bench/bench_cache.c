@@ -358,6 +358,8 @@ static void report(const results *r, const blob *b, size_t nb, size_t iters,
 
 int main(int argc, char **argv)
 {
+    if (bench_help(argc, argv, "usage: bench_cache [--model CONFIG] [--iters N] [--runs R] [--json FILE]"))
+        return 0;
     const char *model = "tests/fixtures/deepseek-v4-flash.json", *json = NULL;
     size_t iters = 20000, runs = 5;
     if (!parse_args(argc, argv, &model, &iters, &runs, &json)) {

@@ -458,6 +458,8 @@ static int bench_size(size_t s, const char *ksock, const char *esock,
 
 int main(int argc, char **argv)
 {
+    if (bench_help(argc, argv, "usage: bench_daemon --kwarmd PATH [--seconds S] [--json FILE]"))
+        return 0;
     const char *bin = NULL, *json_path = NULL;
     double secs = 2;
     for (int i = 1; i + 1 < argc; i += 2) {

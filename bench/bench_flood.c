@@ -140,6 +140,8 @@ static int store_one(kw_client *c, char out[65])
 
 int main(int argc, char **argv)
 {
+    if (bench_help(argc, argv, "usage: bench_flood [--seconds S] [--clients N] [--json FILE]"))
+        return 0;
     double secs = 5;
     int nclients = 8;
     const char *json = NULL;

@@ -66,6 +66,8 @@ static int one(const char *dir, const bkey *b, FILE *js, bool first)
 
 int main(int argc, char **argv)
 {
+    if (bench_help(argc, argv, "usage: bench_indexer OUTDIR"))
+        return 0;
     if (argc != 2) {
         fprintf(stderr, "usage: bench_indexer OUTDIR\n");
         return 2;

@@ -177,6 +177,8 @@ static int during_evict(const char *sock, const char *cache, pinger *p,
 
 int main(int argc, char **argv)
 {
+    if (bench_help(argc, argv, "usage: bench_loop [--keys-world N] [--json FILE]"))
+        return 0;
     const char *world = "1600", *json = NULL;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--keys-world") == 0)

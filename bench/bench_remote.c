@@ -36,6 +36,8 @@ static pid_t start_redis(unsigned port)
 
 int main(int argc, char **argv)
 {
+    if (bench_help(argc, argv, "usage: bench_remote [--model CONFIG] [--iters N] [--json FILE]"))
+        return 0;
     const char *model = "tests/fixtures/deepseek-v3.2-exp.json", *json = NULL;
     size_t iters = 5000;
     for (int i = 1; i + 1 < argc; i += 2) {

@@ -150,6 +150,8 @@ static pid_t start(const char *bin, const char *sock, const char *cache, kw_clie
 
 int main(int argc, char **argv)
 {
+    if (bench_help(argc, argv, "usage: bench_soak --kwarmd PATH [--clients N] [--seconds S] [--hostile] [--json FILE]"))
+        return 0;
     const char *bin = NULL, *json = NULL;
     int nclients = 200;
     double secs = 120;

@@ -77,6 +77,8 @@ static double run_once(const char *dir, const kw_keys_set *set, unsigned batch)
 
 int main(int argc, char **argv)
 {
+    if (bench_help(argc, argv, "usage: bench_store [--dir DIR] [--dcp-world N] [--runs R] [--json FILE]"))
+        return 0;
     const char *dir = "bench-store", *world = "512", *json = NULL;
     int runs = 3;
     for (int i = 1; i + 1 < argc; i += 2) {

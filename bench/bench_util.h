@@ -16,6 +16,18 @@
 #include "kw_config.h"
 #include "kw_keys.h"
 
+/* True, after printing usage on stdout, when an argument is --help or -h:
+ * the caller exits 0 without measuring anything. */
+static inline int bench_help(int argc, char **argv, const char *usage)
+{
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            printf("%s\n", usage);
+            return 1;
+        }
+    return 0;
+}
+
 /* Derives the keys of model under DCP world `world` and rank `rank`
  * ("all" or a number); prints the error and returns it on failure. */
 static inline int bench_derive(const char *model, const char *world,
