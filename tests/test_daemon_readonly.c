@@ -6,6 +6,7 @@
 #include "daemon_util.h"
 
 #include <pwd.h>
+#include <sys/mount.h>
 
 #define V32 KW_FIXTURES "/deepseek-v3.2-exp.json"
 
@@ -100,6 +101,47 @@ Test(daemon_readonly, a_cache_it_cannot_write_makes_kwarmd_read_only)
     cr_assert_eq(setenv("KWD_TEST_AS_UID", uid, 1), 0);
     d.pid = kwd_spawn(&d, args, d.log);
     kwd_wait_ready(&d);
+    kwc_must_open(&c, d.sock);
+    expect_read_only(&c, d.cache);
+    kwd_down(&d, &c);
+    char *log = kwd_log(d.log);
+    cr_expect(strstr(log, "is read-only (not writable here)") != NULL, "%s", log);
+    free(log);
+}
+
+/* ---- on a read-only bind mount (root only) -------------------------------- */
+
+static char mnt[300];
+
+static void umount_ro(void)
+{
+    if (mnt[0] != '\0')
+        umount2(mnt, MNT_DETACH);
+    mnt[0] = '\0';
+    kwd_cleanup(); /* the directory, once nothing is mounted in it */
+}
+
+Test(daemon_readonly, a_read_only_mount_makes_kwarmd_read_only, .fini = umount_ro)
+{
+    if (geteuid() != 0)
+        cr_skip_test("not root: cannot mount");
+    cr_assert_eq(setenv("KWARM_TEST_INSTANT_COMPILE", "1", 1), 0);
+    kwd d;
+    kwc c;
+    kwd_init(&d, "kwro-mount");
+    char ro[200];
+    snprintf(ro, sizeof ro, "%s/ro", d.dir);
+    prewarm(d.cache);
+    cr_assert_eq(mkdir(ro, 0755), 0);
+    if (mount(d.cache, ro, NULL, MS_BIND, NULL) != 0)
+        cr_skip_test("bind mount refused: %s", strerror(errno));
+    snprintf(mnt, sizeof mnt, "%s", ro);
+    cr_assert_eq(mount(NULL, ro, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY, NULL), 0,
+                 "remount read-only: %s", strerror(errno));
+    cr_assert_eq(access(ro, W_OK), -1, "the mount is writable");
+    /* kwarmd --cache ro, no --read-only: it must notice on its own. */
+    snprintf(d.cache, sizeof d.cache, "%s", ro);
+    kwd_start(&d, 1, NULL);
     kwc_must_open(&c, d.sock);
     expect_read_only(&c, d.cache);
     kwd_down(&d, &c);
