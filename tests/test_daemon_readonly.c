@@ -64,20 +64,27 @@ static void expect_read_only(kwc *c, const char *cache)
     free(err);
 }
 
+/* Connects to the started d, checks it is read-only, stops it, and finds
+ * needle (why it is read-only) in its log. */
+static void expect_read_only_daemon(kwd *d, const char *needle)
+{
+    kwc c;
+    kwc_must_open(&c, d->sock);
+    expect_read_only(&c, d->cache);
+    kwd_down(d, &c);
+    char *log = kwd_log(d->log);
+    cr_expect(strstr(log, needle) != NULL, "%s", log);
+    free(log);
+}
+
 Test(daemon_readonly, read_only_flag_serves_hits_and_compiles_nothing)
 {
     cr_assert_eq(setenv("KWARM_TEST_INSTANT_COMPILE", "1", 1), 0);
     kwd d;
-    kwc c;
     kwd_init(&d, "kwro-flag");
     prewarm(d.cache);
     kwd_start(&d, 1, (const char *const[]){"--read-only", NULL});
-    kwc_must_open(&c, d.sock);
-    expect_read_only(&c, d.cache);
-    kwd_down(&d, &c);
-    char *log = kwd_log(d.log);
-    cr_expect(strstr(log, "is read-only (--read-only)") != NULL, "%s", log);
-    free(log);
+    expect_read_only_daemon(&d, "is read-only (--read-only)");
 }
 
 Test(daemon_readonly, a_cache_it_cannot_write_makes_kwarmd_read_only)
@@ -88,7 +95,6 @@ Test(daemon_readonly, a_cache_it_cannot_write_makes_kwarmd_read_only)
     struct passwd *pw = getpwnam("nobody");
     cr_assert_not_null(pw);
     kwd d;
-    kwc c;
     kwd_init(&d, "kwro-nobody");
     prewarm(d.cache);
     /* nobody needs its socket's directory and the notify socket. */
@@ -101,12 +107,7 @@ Test(daemon_readonly, a_cache_it_cannot_write_makes_kwarmd_read_only)
     cr_assert_eq(setenv("KWD_TEST_AS_UID", uid, 1), 0);
     d.pid = kwd_spawn(&d, args, d.log);
     kwd_wait_ready(&d);
-    kwc_must_open(&c, d.sock);
-    expect_read_only(&c, d.cache);
-    kwd_down(&d, &c);
-    char *log = kwd_log(d.log);
-    cr_expect(strstr(log, "is read-only (not writable here)") != NULL, "%s", log);
-    free(log);
+    expect_read_only_daemon(&d, "is read-only (not writable here)");
 }
 
 /* ---- on a read-only bind mount (root only) -------------------------------- */
@@ -127,7 +128,6 @@ Test(daemon_readonly, a_read_only_mount_makes_kwarmd_read_only, .fini = umount_r
         cr_skip_test("not root: cannot mount");
     cr_assert_eq(setenv("KWARM_TEST_INSTANT_COMPILE", "1", 1), 0);
     kwd d;
-    kwc c;
     kwd_init(&d, "kwro-mount");
     char ro[200];
     snprintf(ro, sizeof ro, "%s/ro", d.dir);
@@ -142,10 +142,5 @@ Test(daemon_readonly, a_read_only_mount_makes_kwarmd_read_only, .fini = umount_r
     /* kwarmd --cache ro, no --read-only: it must notice on its own. */
     snprintf(d.cache, sizeof d.cache, "%s", ro);
     kwd_start(&d, 1, NULL);
-    kwc_must_open(&c, d.sock);
-    expect_read_only(&c, d.cache);
-    kwd_down(&d, &c);
-    char *log = kwd_log(d.log);
-    cr_expect(strstr(log, "is read-only (not writable here)") != NULL, "%s", log);
-    free(log);
+    expect_read_only_daemon(&d, "is read-only (not writable here)");
 }
