@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "kw_bytes.h"
 #include "kw_err.h"
 
 #define PIN_VERSION 1
@@ -66,28 +67,14 @@ static bool name_ok(const char *name)
     return true;
 }
 
-static void put_u64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t get_u64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
-
 /* Checks a "pins" record: *n its digests, *created its time in ns. */
 static bool pin_decode(const MDB_val *d, uint64_t *n, uint64_t *created)
 {
     const uint8_t *p = d->mv_data;
     if (d->mv_size < PIN_HEAD || p[0] != PIN_VERSION)
         return false;
-    *created = get_u64(p + 8);
-    *n = get_u64(p + 16);
+    *created = kw_le64_get(p + 8);
+    *n = kw_le64_get(p + 16);
     return *n <= KW_CACHE_MAX_PIN_DIGESTS &&
            d->mv_size == PIN_HEAD + *n * KW_CACHE_DIGEST_LEN;
 }
@@ -202,8 +189,8 @@ static int pin_fn(kw_cache *c, MDB_txn *txn, void *arg)
     uint8_t *p = d.mv_data;
     memset(p, 0, PIN_HEAD);
     p[0] = PIN_VERSION;
-    put_u64(p + 8, r->created_ns);
-    put_u64(p + 16, r->n);
+    kw_le64_put(p + 8, r->created_ns);
+    kw_le64_put(p + 16, r->n);
     memcpy(p + PIN_HEAD, r->d, r->n * KW_CACHE_DIGEST_LEN);
     return index_keys(c, txn, r->name, (const uint8_t *)r->d, r->n, true);
 }

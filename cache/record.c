@@ -26,23 +26,10 @@
 #include <xxhash.h>
 
 #include "internal.h"
+#include "kw_bytes.h"
 #include "kw_err.h"
 
 #define META_FIXED 60 /* bytes before fields[] */
-
-static void put_u64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t get_u64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
 
 /* The four strings of a record, in order: offset and array size. */
 #define STR(field)                                                         \
@@ -71,15 +58,15 @@ size_t kw__cache_meta_encode(const kw__cache_meta *m, uint8_t *buf)
     buf[2] = (uint8_t)in->nfields;
     buf[3] = 0;
     memcpy(buf + 4, m->sum, 16);
-    put_u64(buf + 20, in->size);
-    put_u64(buf + 28, m->created_ns);
-    put_u64(buf + 36, m->tick);
-    put_u64(buf + 44, in->hits);
+    kw_le64_put(buf + 20, in->size);
+    kw_le64_put(buf + 28, m->created_ns);
+    kw_le64_put(buf + 36, m->tick);
+    kw_le64_put(buf + 44, in->hits);
     memcpy(&secs, &in->compile_seconds, 8);
-    put_u64(buf + 52, secs);
+    kw_le64_put(buf + 52, secs);
     size_t off = META_FIXED;
     for (uint32_t i = 0; i < in->nfields; i++, off += 8)
-        put_u64(buf + off, (uint64_t)in->fields[i]);
+        kw_le64_put(buf + off, (uint64_t)in->fields[i]);
     for (int i = 0; i < 4; i++) {
         const char *s = (const char *)in + strs[i].off;
         size_t n = strlen(s); /* < cap <= 256, checked by info_ok */
@@ -87,7 +74,7 @@ size_t kw__cache_meta_encode(const kw__cache_meta *m, uint8_t *buf)
         memcpy(buf + off, s, n);
         off += n;
     }
-    put_u64(buf + off, XXH3_64bits(buf, off));
+    kw_le64_put(buf + off, XXH3_64bits(buf, off));
     return off + 8;
 }
 
@@ -111,7 +98,7 @@ bool kw__cache_meta_decode(const void *data, size_t len, kw__cache_meta *m)
 {
     const uint8_t *buf = data;
     if (len < META_FIXED + 4 + 8 || len > KW__CACHE_META_MAX ||
-        get_u64(buf + len - 8) != XXH3_64bits(buf, len - 8) ||
+        kw_le64_get(buf + len - 8) != XXH3_64bits(buf, len - 8) ||
         buf[0] != KW__CACHE_FORMAT || buf[2] > KW_CACHE_MAX_FIELDS)
         return false;
     memset(m, 0, sizeof *m);
@@ -119,17 +106,17 @@ bool kw__cache_meta_decode(const void *data, size_t len, kw__cache_meta *m)
     in->pinned = buf[1] & 1;
     in->nfields = buf[2];
     memcpy(m->sum, buf + 4, 16);
-    in->size = get_u64(buf + 20);
-    m->created_ns = get_u64(buf + 28);
-    m->tick = get_u64(buf + 36);
-    in->hits = get_u64(buf + 44);
-    uint64_t secs = get_u64(buf + 52);
+    in->size = kw_le64_get(buf + 20);
+    m->created_ns = kw_le64_get(buf + 28);
+    m->tick = kw_le64_get(buf + 36);
+    in->hits = kw_le64_get(buf + 44);
+    uint64_t secs = kw_le64_get(buf + 52);
     memcpy(&in->compile_seconds, &secs, 8);
     size_t off = META_FIXED + 8 * (size_t)in->nfields;
     if (off > len - 8)
         return false;
     for (uint32_t i = 0; i < in->nfields; i++)
-        in->fields[i] = (int64_t)get_u64(buf + META_FIXED + 8 * i);
+        in->fields[i] = (int64_t)kw_le64_get(buf + META_FIXED + 8 * i);
     in->created = m->created_ns / 1000000000u;
     in->last_used = m->tick / 1000000000u;
     return decode_strings(buf + off, len - 8 - off, in);
@@ -152,7 +139,7 @@ int kw__cache_stat_get(kw_cache *c, MDB_txn *txn, const char *name,
     if (rc == MDB_NOTFOUND)
         return 0;
     if (rc == 0 && d.mv_size == 8)
-        *v = get_u64(d.mv_data);
+        *v = kw_le64_get(d.mv_data);
     return kw__cache_mdb(c, "mdb_get(stats)", rc);
 }
 
@@ -170,7 +157,7 @@ int kw__cache_stat_add(kw_cache *c, MDB_txn *txn, const char *name,
     else
         v = UINT64_MAX - v < mag ? UINT64_MAX : v + mag;
     uint8_t buf[8];
-    put_u64(buf, v);
+    kw_le64_put(buf, v);
     MDB_val k = {strlen(name), (void *)name}, d = {8, buf};
     return kw__cache_mdb(c, "mdb_put(stats)",
                          mdb_put(txn, c->stats, &k, &d, 0));

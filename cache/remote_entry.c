@@ -17,6 +17,7 @@
 #include <sodium.h>
 #include <xxhash.h>
 
+#include "kw_bytes.h"
 #include "kw_err.h"
 
 #define MAGIC "KWR1"
@@ -37,20 +38,6 @@
 
 _Static_assert(crypto_auth_BYTES == 32, "HMAC-SHA512-256 tag");
 _Static_assert(crypto_auth_KEYBYTES == KW_REMOTE_KEY_LEN, "fleet key size");
-
-static void put_u64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t get_u64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
 
 /* True when the string field s (cap bytes) is NUL-terminated inside. */
 static bool str_ok(const char *s, size_t cap)
@@ -74,13 +61,12 @@ static void encode_info(uint8_t *v, const kw_cache_info *info)
     memcpy(v + OFF_ARCH, info->arch, strlen(info->arch));
     memcpy(v + OFF_ENTRY, info->entry, strlen(info->entry));
     memcpy(v + OFF_NVRTC, info->nvrtc, strlen(info->nvrtc));
-    for (int i = 0; i < 4; i++)
-        v[OFF_NFIELDS + i] = (uint8_t)(info->nfields >> (8 * i));
+    kw_le32_put(v + OFF_NFIELDS, info->nfields);
     for (size_t i = 0; i < KW_CACHE_MAX_FIELDS; i++)
-        put_u64(v + OFF_FIELDS + 8 * i, (uint64_t)info->fields[i]);
+        kw_le64_put(v + OFF_FIELDS + 8 * i, (uint64_t)info->fields[i]);
     uint64_t bits;
     memcpy(&bits, &info->compile_seconds, sizeof bits);
-    put_u64(v + OFF_SECONDS, bits);
+    kw_le64_put(v + OFF_SECONDS, bits);
 }
 
 int kw_remote_encode(const uint8_t key[KW_REMOTE_KEY_LEN],
@@ -103,7 +89,7 @@ int kw_remote_encode(const uint8_t key[KW_REMOTE_KEY_LEN],
     v[4] = VERSION;
     memcpy(v + OFF_DIGEST, digest, KW_CACHE_DIGEST_LEN);
     encode_info(v, info);
-    put_u64(v + OFF_LEN, len);
+    kw_le64_put(v + OFF_LEN, len);
     memcpy(v + OFF_BLOB, blob, len);
     XXH128_canonical_t sum;
     XXH128_canonicalFromHash(&sum, XXH3_128bits(blob, len));
@@ -122,12 +108,10 @@ static void decode_info(const uint8_t *v, kw_cache_info *info)
     memcpy(info->arch, v + OFF_ARCH, sizeof info->arch);
     memcpy(info->entry, v + OFF_ENTRY, sizeof info->entry);
     memcpy(info->nvrtc, v + OFF_NVRTC, sizeof info->nvrtc);
-    info->nfields = 0;
-    for (int i = 3; i >= 0; i--)
-        info->nfields = info->nfields << 8 | v[OFF_NFIELDS + i];
+    info->nfields = kw_le32_get(v + OFF_NFIELDS);
     for (size_t i = 0; i < KW_CACHE_MAX_FIELDS; i++)
-        info->fields[i] = (int64_t)get_u64(v + OFF_FIELDS + 8 * i);
-    uint64_t bits = get_u64(v + OFF_SECONDS);
+        info->fields[i] = (int64_t)kw_le64_get(v + OFF_FIELDS + 8 * i);
+    uint64_t bits = kw_le64_get(v + OFF_SECONDS);
     memcpy(&info->compile_seconds, &bits, sizeof bits);
 }
 
@@ -140,7 +124,7 @@ int kw_remote_decode(const uint8_t key[KW_REMOTE_KEY_LEN],
 {
     if (n <= FIXED || memcmp(v, MAGIC, 4) != 0 || v[4] != VERSION || v[5] != 0)
         return KW_ECORRUPT;
-    uint64_t blen = get_u64(v + OFF_LEN);
+    uint64_t blen = kw_le64_get(v + OFF_LEN);
     if (blen != n - FIXED || blen > KW_CACHE_MAX_BLOB)
         return KW_ECORRUPT;
     if (crypto_auth_verify(v + n - MAC_LEN, v, n - MAC_LEN, key) != 0)

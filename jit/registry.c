@@ -12,6 +12,7 @@
 #include <sodium.h>
 
 #include "internal.h"
+#include "kw_bytes.h"
 #include "kw_err.h"
 #include "kw_jit.h"
 
@@ -51,8 +52,7 @@ bool kw_keys_field_is_bool(kw_k_family f, size_t i)
 static void put_u64(crypto_generichash_state *st, uint64_t v)
 {
     uint8_t b[8];
-    for (int i = 0; i < 8; i++)
-        b[i] = (uint8_t)(v >> (8 * i));
+    kw_le64_put(b, v);
     crypto_generichash_update(st, b, 8);
 }
 

@@ -27,6 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kw_bytes.h"
 #include "kw_err.h"
 #include "kw_keys.h"
 #include "kw_parse.h"
@@ -391,9 +392,7 @@ int main(int argc, char **argv)
         return 127;
     uint8_t hello[KW__POOL_HDR_LEN + KW__POOL_HELLO_LEN];
     kw__pool_hdr_put(hello, KW__POOL_T_HELLO, KW__POOL_HELLO_LEN);
-    uint32_t pid = (uint32_t)getpid();
-    for (int i = 0; i < 4; i++)
-        hello[KW__POOL_HDR_LEN + i] = (uint8_t)(pid >> (8 * i));
+    kw_le32_put(hello + KW__POOL_HDR_LEN, (uint32_t)getpid());
     if (kw__pool_write_all(1, hello, sizeof hello) < 0)
         return 0;
     return serve(&h);

@@ -8,63 +8,25 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "kw_bytes.h"
 #include "kw_err.h"
-
-static void put_u16(uint8_t *b, uint16_t v)
-{
-    b[0] = (uint8_t)v;
-    b[1] = (uint8_t)(v >> 8);
-}
-
-static void put_u32(uint8_t *b, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        b[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put_u64(uint8_t *b, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        b[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint16_t get_u16(const uint8_t *b)
-{
-    return (uint16_t)(b[0] | (b[1] << 8));
-}
-
-static uint32_t get_u32(const uint8_t *b)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--)
-        v = (v << 8) | b[i];
-    return v;
-}
-
-static uint64_t get_u64(const uint8_t *b)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | b[i];
-    return v;
-}
 
 void kw__pool_hdr_put(uint8_t b[KW__POOL_HDR_LEN], uint16_t type,
                       uint32_t body_len)
 {
-    put_u32(b, KW__POOL_MAGIC);
-    put_u16(b + 4, KW__POOL_VERSION);
-    put_u16(b + 6, type);
-    put_u32(b + 8, body_len);
+    kw_le32_put(b, KW__POOL_MAGIC);
+    kw_le16_put(b + 4, KW__POOL_VERSION);
+    kw_le16_put(b + 6, type);
+    kw_le32_put(b + 8, body_len);
 }
 
 int kw__pool_hdr_parse(const uint8_t b[KW__POOL_HDR_LEN], uint16_t want,
                        uint32_t *body_len)
 {
-    if (get_u32(b) != KW__POOL_MAGIC || get_u16(b + 4) != KW__POOL_VERSION ||
-        get_u16(b + 6) != want)
+    if (kw_le32_get(b) != KW__POOL_MAGIC || kw_le16_get(b + 4) != KW__POOL_VERSION ||
+        kw_le16_get(b + 6) != want)
         return KW_EPROTO;
-    uint32_t len = get_u32(b + 8);
+    uint32_t len = kw_le32_get(b + 8);
     if (want == KW__POOL_T_HELLO && len != KW__POOL_HELLO_LEN)
         return KW_EPROTO;
     if (want == KW__POOL_T_REQUEST && len != KW__POOL_REQ_LEN)
@@ -81,10 +43,10 @@ void kw__pool_req_put(uint8_t b[KW__POOL_REQ_LEN], const kw_keys_key *k)
 {
     size_t n = kw_keys_nfields(k->family);
     memset(b, 0, KW__POOL_REQ_LEN);
-    put_u32(b, (uint32_t)k->family);
-    put_u32(b + 4, (uint32_t)n);
+    kw_le32_put(b, (uint32_t)k->family);
+    kw_le32_put(b + 4, (uint32_t)n);
     for (size_t i = 0; i < n && i < KW_KEYS_MAX_FIELDS; i++)
-        put_u64(b + 8 + 8 * i, (uint64_t)k->fields[i]);
+        kw_le64_put(b + 8 + 8 * i, (uint64_t)k->fields[i]);
     uint8_t *p = b + 8 + 8 * KW_KEYS_MAX_FIELDS;
     memcpy(p, k->arch, KW_CONFIG_ARCH_LEN);
     memcpy(p + KW_CONFIG_ARCH_LEN, k->digest, KW_KEYS_DIGEST_LEN);
@@ -93,14 +55,14 @@ void kw__pool_req_put(uint8_t b[KW__POOL_REQ_LEN], const kw_keys_key *k)
 int kw__pool_req_parse(const uint8_t b[KW__POOL_REQ_LEN], kw_keys_key *k)
 {
     memset(k, 0, sizeof *k);
-    uint32_t fam = get_u32(b), n = get_u32(b + 4);
+    uint32_t fam = kw_le32_get(b), n = kw_le32_get(b + 4);
     if (fam >= KW_K_NFAMILIES)
         return KW_EPROTO;
     k->family = (kw_k_family)fam;
     if (n != kw_keys_nfields(k->family) || n > KW_KEYS_MAX_FIELDS)
         return KW_EPROTO;
     for (uint32_t i = 0; i < n; i++)
-        k->fields[i] = (int64_t)get_u64(b + 8 + 8 * i);
+        k->fields[i] = (int64_t)kw_le64_get(b + 8 + 8 * i);
     const uint8_t *p = b + 8 + 8 * KW_KEYS_MAX_FIELDS;
     if (memchr(p, '\0', KW_CONFIG_ARCH_LEN) == NULL)
         return KW_EPROTO;
@@ -114,22 +76,22 @@ void kw__pool_resp_put(uint8_t b[KW__POOL_RESP_FIXED],
 {
     uint64_t bits;
     memcpy(&bits, &h->seconds, sizeof bits);
-    put_u32(b, (uint32_t)h->rc);
-    put_u64(b + 4, bits);
-    put_u32(b + 12, h->entry_len);
-    put_u32(b + 16, h->log_len);
-    put_u32(b + 20, h->cubin_len);
+    kw_le32_put(b, (uint32_t)h->rc);
+    kw_le64_put(b + 4, bits);
+    kw_le32_put(b + 12, h->entry_len);
+    kw_le32_put(b + 16, h->log_len);
+    kw_le32_put(b + 20, h->cubin_len);
 }
 
 int kw__pool_resp_parse(const uint8_t b[KW__POOL_RESP_FIXED],
                         uint32_t body_len, kw__pool_resp_head *h)
 {
-    uint64_t bits = get_u64(b + 4);
-    h->rc = (int32_t)get_u32(b);
+    uint64_t bits = kw_le64_get(b + 4);
+    h->rc = (int32_t)kw_le32_get(b);
     memcpy(&h->seconds, &bits, sizeof bits);
-    h->entry_len = get_u32(b + 12);
-    h->log_len = get_u32(b + 16);
-    h->cubin_len = get_u32(b + 20);
+    h->entry_len = kw_le32_get(b + 12);
+    h->log_len = kw_le32_get(b + 16);
+    h->cubin_len = kw_le32_get(b + 20);
     if (h->entry_len >= KW__POOL_ENTRY_LEN || h->log_len > KW__POOL_MAX_LOG ||
         h->cubin_len > KW__POOL_MAX_CUBIN)
         return KW_E2BIG;
