@@ -61,7 +61,7 @@ typedef struct kw_warm_opts {
     bool read_only;      /* the cache is read-only: a miss is never
                             compiled, it fails with KW_EROFS ("not cached
                             (read-only cache)") */
-    bool verify_hits;    /* a hit is read and its checksum verified (a
+    bool verify_hits;    /* a hit is checked in place and counted (a
                             corrupt entry is removed and compiled again);
                             else a hit is the entry's existence */
 } kw_warm_opts;

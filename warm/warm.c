@@ -150,16 +150,18 @@ void kw_warm_job_release(kw_warm_job *job)
 
 /* ---- intake: lookups, then flights ------------------------------------ */
 
-/* True when digest is in the local cache (verified when asked). */
+/* True when digest is in the local cache.  With verify_hits the entry is
+ * checked in place (a borrow: no copy) and counted as a get's lookup is,
+ * and a corrupt one is dropped, so it misses and is compiled again. */
 static bool lookup(kw_warm *w, const uint8_t *digest)
 {
     if (!w->o.verify_hits)
         return kw_cache_contains(w->o.cache, digest);
-    void *blob = NULL;
-    size_t len = 0;
-    int rc = kw_cache_get(w->o.cache, digest, &blob, &len, NULL);
-    free(blob);
-    return rc == 0;
+    kw_cache_view v;
+    if (kw_cache_borrow(w->o.cache, digest, &v, NULL) < 0)
+        return false;
+    kw_cache_release(&v);
+    return true;
 }
 
 /* Key i of job missed: joins its flight or starts one.  Returns false
