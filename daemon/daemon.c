@@ -41,6 +41,8 @@ void kw_daemon_opts_init(kw_daemon_opts *o)
     o->idle_timeout_ms = 60 * 1000;         /* silent clients go after 60 s */
     o->max_output = 16u << 20;              /* replies queued per connection */
     o->max_connections = 1024;              /* open connections at once */
+    o->max_held_reads = 64;                 /* snapshots held by replies */
+    o->held_read_timeout_ms = 5000;         /* and for how long at most */
     o->log_level = 6;                       /* info */
     o->socket_mode = 0660;                  /* owner and group */
 }
@@ -149,6 +151,7 @@ static void on_signal(uv_signal_t *s, int signum)
     uv_close((uv_handle_t *)&d->sigterm, NULL);
     uv_close((uv_handle_t *)&d->sigint, NULL);
     uv_close((uv_handle_t *)&d->flush_timer, NULL);
+    uv_close((uv_handle_t *)&d->held_timer, NULL);
     uv_close((uv_handle_t *)&d->resume, NULL);
     kw_warm_cancel(d->warm);
     kw__jobs_cancel(d);
@@ -244,7 +247,9 @@ static int start(kw__daemon *d, char *err, size_t errlen)
     uv_signal_init(&d->loop, &d->sigint);
     uv_timer_init(&d->loop, &d->flush_timer);
     uv_timer_init(&d->loop, &d->stop_timer);
+    uv_timer_init(&d->loop, &d->held_timer);
     d->sigterm.data = d->sigint.data = d->flush_timer.data = d;
+    d->held_timer.data = d;
     d->stop_timer.data = d;
     uv_signal_start(&d->sigterm, on_signal, SIGTERM);
     uv_signal_start(&d->sigint, on_signal, SIGINT);

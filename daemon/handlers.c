@@ -140,28 +140,19 @@ static bool handle_ping(kw__conn *c)
 /* ---- get -------------------------------------------------------------- */
 
 /* Answers a get from the cache: RESULT {digest, family, arch, entry, size,
- * compiled} with the cubin as payload, or an ERROR (KW_ENOTFOUND...; a
- * miss is left unanswered when !report_miss).  The cache never writes on
- * this path (defer_writes): a corrupt entry is queued for the next flush.
- * Returns the get's code. */
+ * compiled} with the cubin as payload, written from the cache's map
+ * (kw__conn_send_view), or an ERROR (KW_ENOTFOUND...; a miss is left
+ * unanswered when !report_miss).  The cache never writes on this path
+ * (defer_writes): a corrupt entry is queued for the next flush.  Returns
+ * the get's code. */
 static int get_reply(kw__conn *c, const uint8_t *digest, bool compiled,
                      bool report_miss)
 {
-    size_t cap = 0, len = 0;
+    kw_cache_view v;
     kw_cache_info info;
     char hex[KW_KEYS_HEX_LEN];
-    void *blob = kw__conn_take_buffer(c, 64 * 1024, &cap);
-    int rc = blob ? kw_cache_get_into(c->d->cache, digest, blob, cap, &len, &info)
-                  : KW_ENOMEM;
-    if (rc == KW_ENOSPC) { /* bigger than the buffer: grow it once */
-        void *b = realloc(blob, len);
-        rc = b ? kw_cache_get_into(c->d->cache, digest, b, len, &len, &info)
-               : KW_ENOMEM;
-        blob = b ? b : blob;
-        cap = b ? len : cap;
-    }
+    int rc = kw_cache_borrow(c->d->cache, digest, &v, &info);
     if (rc < 0) {
-        free(blob);
         if (report_miss || (rc != KW_ENOTFOUND && rc != KW_ECORRUPT))
             kw__conn_error(c, rc, NULL, false);
         return rc;
@@ -172,12 +163,12 @@ static int get_reply(kw__conn *c, const uint8_t *digest, bool compiled,
         !cJSON_AddStringToObject(h, "family", info.family) ||
         !cJSON_AddStringToObject(h, "arch", info.arch) ||
         !cJSON_AddStringToObject(h, "entry", info.entry) ||
-        !cJSON_AddNumberToObject(h, "size", (double)len) ||
+        !cJSON_AddNumberToObject(h, "size", (double)v.len) ||
         !cJSON_AddBoolToObject(h, "compiled", compiled)) {
-        free(blob);
+        kw_cache_release(&v);
         kw__conn_error(c, KW_ENOMEM, NULL, false);
     } else {
-        kw__conn_send_owned(c, KW_PROTO_RESULT, h, blob, len, cap); /* takes blob */
+        kw__conn_send_view(c, KW_PROTO_RESULT, h, &v); /* takes v */
     }
     cJSON_Delete(h);
     return 0;

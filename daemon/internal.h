@@ -30,6 +30,7 @@
 
 typedef struct kw__conn kw__conn;
 typedef struct kw__req kw__req;
+struct write_req; /* server.c's */
 
 /* ---- the miss audit (audit.c) ---- */
 
@@ -119,6 +120,15 @@ typedef struct kw__daemon {
     bool warned_max_conn;  /* the connection cap was logged, not yet cleared */
     int remote_down;       /* the fleet tier's state last logged; -1: none */
     _Atomic uint64_t refused_full; /* connections refused for the cap */
+    /* Replies written straight from the cache's map, each holding a read
+     * transaction until its write ends (server.c): oldest first, at most
+     * --max-held-reads, none older than --held-read-timeout (held_timer
+     * closes the connection of one that is). */
+    uv_timer_t held_timer;
+    struct write_req *held_head, *held_tail;
+    _Atomic size_t nheld;
+    _Atomic uint64_t held_expired; /* connections closed for it */
+    _Atomic uint64_t held_copied;  /* replies copied out: the cap was full */
     kw__conn *conns; /* every open connection */
     _Atomic size_t nconns; /* _Atomic: read by the metrics thread */
     bool stopping;
@@ -299,6 +309,13 @@ void kw__conn_send_owned(kw__conn *c, uint16_t type, const cJSON *header,
 /* A reply buffer of at least min bytes: c's spare one when big enough,
  * else a new allocation; *cap gets its size.  NULL when out of memory. */
 void *kw__conn_take_buffer(kw__conn *c, size_t min, size_t *cap);
+/* Sends a frame of type with header h whose payload is v's bytes, written
+ * from the cache's map without a copy; takes v (released once written, or
+ * at once when the socket takes the whole frame).  See held_timer. */
+void kw__conn_send_view(kw__conn *c, uint16_t type, const cJSON *header,
+                        kw_cache_view *v);
+/* held_timer's callback (server.c). */
+void kw__held_check(uv_timer_t *t);
 
 /* Sends an ERROR frame {"error", "code"} for code and message. */
 void kw__conn_error(kw__conn *c, int code, const char *msg, bool close_after);

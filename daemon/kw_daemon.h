@@ -33,6 +33,11 @@ typedef struct kw_daemon_opts {
     uint64_t max_output;       /* reply bytes queued per connection before
                                   kwarmd stops reading it (16 MiB) */
     unsigned max_connections;  /* open connections; the next is refused */
+    unsigned max_held_reads;   /* replies written from the cache's map that
+                                  may hold a read snapshot at once (64);
+                                  past it a reply's unsent rest is copied */
+    unsigned held_read_timeout_ms; /* a reply holding a snapshot longer
+                                  closes its connection (5000) */
     bool deny_root;            /* refuse uid 0 too (root is allowed by
                                   default, whatever the allowlist) */
     int log_level;             /* syslog-style: 3 error .. 7 debug (6) */

@@ -31,6 +31,7 @@ static const char usage[] =
     "              [--log-level error|warn|info|debug] [--read-only]\n"
     "              [--allow-uid UID]... [--allow-gid GID]... [--idle-timeout MS]\n"
     "              [--socket-mode MODE]\n"
+    "              [--max-held-reads N] [--held-read-timeout MS]\n"
     "              [--remote redis://HOST:PORT[/DB] --remote-key-file F]\n"
     "              [--remote-timeout MS] [--remote-lease MS]\n"
     "              [--metrics-listen HOST:PORT] [--config FILE]\n"
@@ -59,6 +60,13 @@ static const char usage[] =
     "                      stops reading its requests (16M); one that reads\n"
     "                      nothing for --idle-timeout is dropped\n"
     "  --idle-timeout MS   close connections silent this long (60000)\n"
+    "  --max-held-reads N  hits are written from the cache's map without a\n"
+    "                      copy; a reply the socket does not take at once\n"
+    "                      holds a read snapshot until written: at most N\n"
+    "                      at once (64; past it the rest is copied out)\n"
+    "  --held-read-timeout MS  a reply holding a snapshot this long closes\n"
+    "                      its connection (5000), so no client that stops\n"
+    "                      reading keeps old pages from being reused\n"
     "  --socket-mode MODE  octal mode of a socket kwarmd creates (0660); the\n"
     "                      uid/gid allowlist is checked on every connection\n"
     "  --remote URL        fleet tier: share compiled kernels through Redis\n"
@@ -257,6 +265,26 @@ static int set_max_output(kw_daemon_opts *o, const char *v)
     return rc;
 }
 
+static int set_max_held(kw_daemon_opts *o, const char *v)
+{
+    uint64_t n;
+    int rc = kw_parse_u64(v, 128, &n);
+    if (rc == 0)
+        o->max_held_reads = (unsigned)n;
+    return rc;
+}
+
+static int set_held_timeout(kw_daemon_opts *o, const char *v)
+{
+    uint64_t n;
+    int rc = kw_parse_u64(v, 3600 * 1000, &n);
+    if (rc == 0 && n < 10)
+        rc = KW_EINVAL;
+    if (rc == 0)
+        o->held_read_timeout_ms = (unsigned)n;
+    return rc;
+}
+
 static int set_max_connections(kw_daemon_opts *o, const char *v)
 {
     uint64_t n;
@@ -313,6 +341,8 @@ static const struct option_def {
     {"compile-helper", set_compile_helper, "a file path"},
     {"max-output", set_max_output, "a size in [64K, 16G] (bytes, or K/M/G)"},
     {"max-connections", set_max_connections, "an integer in [1, 1000000]"},
+    {"max-held-reads", set_max_held, "an integer in [0, 128]"},
+    {"held-read-timeout", set_held_timeout, "milliseconds in [10, 3600000]"},
     {"deny-root", set_deny_root, "true or false"},
     {"log-level", set_log_level, "error, warn, info or debug"},
     {"read-only", set_read_only, "true or false"},

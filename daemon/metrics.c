@@ -115,6 +115,15 @@ static void loop_metrics(FILE *f, kw__daemon *d)
             (unsigned long long)atomic_load(&d->refused_full));
     one(f, "kwarm_connections", "gauge", "Open client connections",
         atomic_load(&d->nconns));
+    one(f, "kwarm_held_reads", "gauge", "Replies being written straight "
+        "from the cache's map, each holding a read snapshot",
+        atomic_load(&d->nheld));
+    one(f, "kwarm_held_read_timeouts_total", "counter", "Connections closed "
+        "because a reply held a snapshot past --held-read-timeout",
+        atomic_load(&d->held_expired));
+    one(f, "kwarm_held_reads_copied_total", "counter", "Replies whose unsent "
+        "rest was copied out because --max-held-reads snapshots were held",
+        atomic_load(&d->held_copied));
     uint64_t b[KW__GET_BUCKETS + 1];
     for (size_t i = 0; i <= KW__GET_BUCKETS; i++)
         b[i] = atomic_load(&d->mc.get_buckets[i]);

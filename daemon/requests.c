@@ -122,7 +122,7 @@ static bool add_numbers(cJSON *h, const char *const *names, const uint64_t *v,
     return ok;
 }
 
-#define NSTATS 30
+#define NSTATS 33
 
 /* Every counter of `stats` (README.md says what each means): the cache's,
  * the loop's (as of the request), the warm pipeline's, the fleet tier's. */
@@ -139,7 +139,8 @@ static size_t collect_stats(const kw__req *r, const kw_cache_stats *st,
         "warm_misses", "warm_joined", "remote_hits", "store_failures",
         "cancelled", "compiles_queued", "compiles_inflight", "warm_jobs_active",
         "compiles_started", "remote_fetches", "remote_misses", "remote_errors",
-        "remote_refused", "remote_puts"};
+        "remote_refused", "remote_puts", "held_reads", "held_read_timeouts",
+        "held_reads_copied"};
     /* compiles_started: flights that reached a worker. */
     uint64_t started = ws.compiles + ws.compile_failures + ws.store_failures +
                        ws.compiling;
@@ -150,7 +151,8 @@ static size_t collect_stats(const kw__req *r, const kw_cache_stats *st,
         r->refused_full, ws.keys, ws.hits, ws.misses, ws.joined,
         ws.remote_hits, ws.store_failures, ws.cancelled, ws.queued,
         ws.compiling, ws.jobs_active, started, rs.hits, rs.misses, rs.errors,
-        rs.refused, rs.puts};
+        rs.refused, rs.puts, atomic_load(&r->d->nheld),
+        atomic_load(&r->d->held_expired), atomic_load(&r->d->held_copied)};
     memcpy(names, n, sizeof n);
     memcpy(v, val, sizeof val);
     return NSTATS;

@@ -26,6 +26,12 @@ typedef struct write_req {
     void *payload;    /* owned, sent after frame without a copy; or NULL */
     size_t payload_cap;
     size_t bytes;     /* frame and payload: counted in conn->queued */
+    /* A payload written straight from the cache's map: the view (and its
+     * read transaction) is held until the write ends, in d's held list,
+     * oldest first (held.c's rules, below). */
+    kw_cache_view view;
+    uint64_t held_at;  /* uv_now() when it was queued */
+    struct write_req *hnext, *hprev;
 } write_req;
 
 static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b);
@@ -101,6 +107,70 @@ static void update_reading(kw__conn *c)
     c->reading = want;
 }
 
+/* ---- held reads: replies written from the cache's map --------------- */
+
+static void held_link(kw__daemon *d, write_req *w)
+{
+    w->held_at = uv_now(&d->loop);
+    w->hprev = d->held_tail;
+    if (d->held_tail)
+        d->held_tail->hnext = w;
+    else
+        d->held_head = w;
+    d->held_tail = w;
+    if (d->nheld++ == 0 && !d->stopping) {
+        uint64_t every = d->opts->held_read_timeout_ms / 4;
+        uv_timer_start(&d->held_timer, kw__held_check, every ? every : 1,
+                       every ? every : 1);
+    }
+}
+
+static void held_unlink(kw__daemon *d, write_req *w)
+{
+    if (w->hprev)
+        w->hprev->hnext = w->hnext;
+    else
+        d->held_head = w->hnext;
+    if (w->hnext)
+        w->hnext->hprev = w->hprev;
+    else
+        d->held_tail = w->hprev;
+    if (--d->nheld == 0 && !d->stopping)
+        uv_timer_stop(&d->held_timer);
+}
+
+/* The held-read timer: a connection whose reply has held a snapshot for
+ * --held-read-timeout is closed, which cancels its writes and so releases
+ * the snapshot.  The list is oldest first. */
+void kw__held_check(uv_timer_t *t)
+{
+    kw__daemon *d = t->data;
+    uint64_t now = uv_now(&d->loop), limit = d->opts->held_read_timeout_ms;
+    for (write_req *w = d->held_head; w && now - w->held_at >= limit;
+         w = w->hnext) {
+        kw__conn *c = w->conn;
+        if (c->closing)
+            continue; /* its cancelled writes release the view soon */
+        KW_LOG(KW_LOG_WARNING, "uid %u: a reply has held a cache snapshot "
+               "for %llu ms unread (--held-read-timeout); closing",
+               (unsigned)c->uid, (unsigned long long)(now - w->held_at));
+        d->held_expired++;
+        kw__conn_close(c);
+    }
+}
+
+/* Frees w and what it owns; a held view is released. */
+static void write_free(write_req *w)
+{
+    if (w->view.data != NULL) {
+        held_unlink(w->conn->d, w);
+        kw_cache_release(&w->view);
+    }
+    free(w->payload);
+    free(w->frame);
+    free(w);
+}
+
 static void on_written(uv_write_t *req, int status)
 {
     write_req *w = (write_req *)req;
@@ -114,20 +184,40 @@ static void on_written(uv_write_t *req, int status)
     if (w->payload != NULL && c->spare == NULL && !c->closing) {
         c->spare = w->payload;
         c->spare_cap = w->payload_cap;
-    } else
-        free(w->payload);
+        w->payload = NULL;
+    }
     if (c->throttled && c->queued <= c->d->opts->max_output / 2 && !c->closing) {
         c->throttled = false; /* drained: read and serve again */
         update_reading(c);
         process(c);
     }
+    write_free(w); /* before the unref, which may free c */
     kw__conn_unref(c);
-    free(w->frame);
-    free(w);
+}
+
+/* Queues w's buffers b[0..nb) for writing to c; past --max-output queued,
+ * reading stops.  Takes w. */
+static void queue_write(kw__conn *c, write_req *w, const uv_buf_t *b,
+                        unsigned nb)
+{
+    c->refs++;
+    if (uv_write(&w->req, (uv_stream_t *)&c->pipe, b, nb, on_written) < 0) {
+        c->refs--;
+        write_free(w);
+        kw__conn_close(c);
+        return;
+    }
+    if (c->queued == 0)
+        c->progress_at = uv_now(&c->d->loop); /* the clock starts now */
+    c->queued += w->bytes;
+    if (!c->throttled && c->queued > c->d->opts->max_output) {
+        c->throttled = true;
+        update_reading(c);
+    }
 }
 
 /* Queues frame and then payload (both owned; payload may be NULL) for
- * writing to c in one writev; past --max-output queued, reading stops. */
+ * writing to c in one writev. */
 static void send_bufs(kw__conn *c, uint8_t *frame, size_t len, void *payload,
                       size_t plen, size_t pcap, bool close_after)
 {
@@ -143,23 +233,86 @@ static void send_bufs(kw__conn *c, uint8_t *frame, size_t len, void *payload,
                      .bytes = len + plen};
     uv_buf_t b[2] = {uv_buf_init((char *)frame, (unsigned)len),
                      uv_buf_init(payload, (unsigned)plen)};
-    c->refs++;
-    if (uv_write(&w->req, (uv_stream_t *)&c->pipe, b, payload ? 2 : 1,
-                 on_written) < 0) {
-        c->refs--;
-        free(frame);
-        free(payload);
-        free(w);
-        kw__conn_close(c);
+    queue_write(c, w, b, payload ? 2 : 1);
+}
+
+/* What the socket takes at once of frame[0..len) then v's bytes, when
+ * nothing is queued before them: the bytes written, or a libuv error. */
+static ssize_t write_now(kw__conn *c, uint8_t *frame, size_t len,
+                         const kw_cache_view *v)
+{
+    if (c->queued > 0)
+        return 0;
+    uv_buf_t b[2] = {uv_buf_init((char *)frame, (unsigned)len),
+                     uv_buf_init((char *)v->data, (unsigned)v->len)};
+    int n = uv_try_write((uv_stream_t *)&c->pipe, b, 2);
+    return n == UV_EAGAIN ? 0 : n;
+}
+
+/* The rest of a view reply after its first done bytes.  Queued straight
+ * from the map when it is next on the wire (hold: nothing was queued
+ * before it) and fewer than --max-held-reads replies hold a snapshot;
+ * else copied out and the view released, so a connection holds at most
+ * one snapshot, and only while its client reads the reply it is on.
+ * Takes w and v. */
+static void queue_view(kw__conn *c, write_req *w, size_t done, size_t len,
+                       kw_cache_view *v, bool hold)
+{
+    kw__daemon *d = c->d;
+    size_t off = done > len ? done - len : 0;
+    uv_buf_t b[2];
+    unsigned nb = 0;
+    if (done < len)
+        b[nb++] = uv_buf_init((char *)w->frame + done, (unsigned)(len - done));
+    const char *rest = (const char *)v->data + off;
+    size_t rest_len = v->len - off;
+    if (hold && d->nheld < d->opts->max_held_reads) {
+        w->view = *v;
+        held_link(d, w);
+    } else if ((w->payload = kw__conn_take_buffer(c, rest_len,
+                                                  &w->payload_cap)) != NULL) {
+        memcpy(w->payload, rest, rest_len);
+        rest = w->payload;
+        d->held_copied += hold; /* the cap was full */
+        kw_cache_release(v);
+    } else {
+        kw_cache_release(v);
+        write_free(w);
+        kw__conn_close(c); /* part of the frame may be out: cannot go on */
         return;
     }
-    if (c->queued == 0)
-        c->progress_at = uv_now(&c->d->loop); /* the clock starts now */
-    c->queued += w->bytes;
-    if (!c->throttled && c->queued > c->d->opts->max_output) {
-        c->throttled = true;
-        update_reading(c);
+    b[nb++] = uv_buf_init((char *)rest, (unsigned)rest_len);
+    memset(v, 0, sizeof *v); /* w holds it now, or it was released */
+    queue_write(c, w, b, nb);
+}
+
+void kw__conn_send_view(kw__conn *c, uint16_t type, const cJSON *header,
+                        kw_cache_view *v)
+{
+    uint8_t *frame = NULL;
+    size_t len = 0;
+    int rc = kw_proto_encode_prefix(type, header, v->len, &frame, &len);
+    if (rc < 0) {
+        kw_cache_release(v);
+        kw__conn_error(c, rc, "reply could not be encoded", false);
+        return;
     }
+    bool first = c->queued == 0; /* the reply goes on the wire now */
+    ssize_t n = c->closing ? UV_ECANCELED : write_now(c, frame, len, v);
+    write_req *w = n >= 0 && (size_t)n < len + v->len ? calloc(1, sizeof *w)
+                                                      : NULL;
+    if (w == NULL) { /* all written at once (the usual case), or lost */
+        free(frame);
+        kw_cache_release(v);
+        if (n < 0 || (size_t)n < len + v->len)
+            kw__conn_close(c);
+        else
+            c->progress_at = uv_now(&c->d->loop);
+        return;
+    }
+    *w = (write_req){.conn = c, .frame = frame,
+                     .bytes = len + v->len - (size_t)n};
+    queue_view(c, w, (size_t)n, len, v, first);
 }
 
 void kw__conn_send_frame(kw__conn *c, uint8_t *frame, size_t len,
