@@ -3,12 +3,15 @@
  * (kw_cache_get_into) and a bare libuv echo server that answers each
  * request with a frame of the same size over the same kind of socket.
  *
- * usage: bench_daemon --kwarmd PATH [--seconds S] [--json FILE]
+ * usage: bench_daemon --kwarmd PATH [--seconds S] [--runs R] [--json FILE]
  *
  * For cubins of about 4 KB, 50 KB and 200 KB (random bytes stored under
  * random digests in a fresh cache that kwarmd then serves): p50/p99 of a
  * persistent client's gets, and requests per second with 1, 8 and 64
- * clients (one thread each, each with its own connection).
+ * clients (one thread each, each with its own connection), S seconds
+ * each.  R runs; in each, kwarmd and the echo are measured one after the
+ * other, the first alternating between runs.  Every ratio to the echo is
+ * printed as the median and the best of the runs beside issue 14's aim.
  */
 #include <errno.h>
 #include <poll.h>
@@ -112,10 +115,9 @@ static uint8_t *get_request(const uint8_t *digest, size_t *len)
 typedef struct echo {
     uv_loop_t loop;
     uv_pipe_t server;
-    uv_async_t stop;
+    uv_signal_t stop;
     const uint8_t *reply; /* shared, never freed while serving */
     size_t reply_len;
-    char path[108];
 } echo;
 
 typedef struct echo_conn {
@@ -183,59 +185,65 @@ static void echo_accept(uv_stream_t *srv, int status)
         uv_close((uv_handle_t *)&c->pipe, echo_free);
 }
 
-/* Closes every handle; connections free their state when closed. */
-static void echo_close_all(uv_handle_t *h, void *arg)
+static void echo_on_stop(uv_signal_t *s, int signum)
 {
-    echo *e = arg;
-    bool conn = h != (uv_handle_t *)&e->server && h != (uv_handle_t *)&e->stop;
-    if (!uv_is_closing(h))
-        uv_close(h, conn ? echo_free : NULL);
+    (void)signum;
+    uv_stop(s->loop);
 }
 
-static void echo_on_stop(uv_async_t *a)
+/* The echo server's process: serves path until SIGTERM. */
+static void echo_main(const char *path, const uint8_t *reply, size_t len)
 {
-    echo *e = a->data;
-    uv_walk(&e->loop, echo_close_all, e);
+    echo e = {.reply = reply, .reply_len = len};
+    uv_loop_init(&e.loop);
+    uv_pipe_init(&e.loop, &e.server, 0);
+    e.server.data = &e;
+    uv_signal_init(&e.loop, &e.stop);
+    uv_signal_start(&e.stop, echo_on_stop, SIGTERM);
+    if (uv_pipe_bind(&e.server, path) < 0 ||
+        uv_listen((uv_stream_t *)&e.server, 128, echo_accept) < 0)
+        _exit(1);
+    uv_run(&e.loop, UV_RUN_DEFAULT);
+    _exit(0);
 }
 
-static void *echo_thread(void *arg)
-{
-    echo *e = arg;
-    uv_run(&e->loop, UV_RUN_DEFAULT);
-    return NULL;
-}
 
-/* Starts the echo server at path answering with reply; NULL on failure. */
-static echo *echo_start(const char *path, const uint8_t *reply, size_t len,
-                        pthread_t *tid)
+/* Waits (bounded) until something accepts on sock; 0, or -1. */
+static int wait_accepting(const char *sock)
 {
-    echo *e = calloc(1, sizeof *e);
-    if (e == NULL || strlen(path) >= sizeof e->path) {
-        free(e);
-        return NULL;
+    for (int i = 0; i < 500; i++) {
+        int fd = unix_connect(sock);
+        if (fd >= 0) {
+            close(fd);
+            return 0;
+        }
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
     }
-    memcpy(e->path, path, strlen(path) + 1);
-    e->reply = reply;
-    e->reply_len = len;
-    uv_loop_init(&e->loop);
-    uv_pipe_init(&e->loop, &e->server, 0);
-    e->server.data = e;
-    uv_async_init(&e->loop, &e->stop, echo_on_stop);
-    e->stop.data = e;
-    if (uv_pipe_bind(&e->server, path) < 0 ||
-        uv_listen((uv_stream_t *)&e->server, 128, echo_accept) < 0)
-        return NULL;
-    pthread_create(tid, NULL, echo_thread, e);
-    return e;
+    return -1;
 }
 
-static void echo_stop(echo *e, pthread_t tid)
+/* Starts the echo server, in its own process as kwarmd is (so neither
+ * gets cheaper thread switches with the clients), at path answering with
+ * reply; its pid, or -1. */
+static pid_t echo_start(const char *path, const uint8_t *reply, size_t len)
 {
-    uv_async_send(&e->stop);
-    pthread_join(tid, NULL);
-    uv_loop_close(&e->loop);
-    unlink(e->path);
-    free(e);
+    pid_t pid = fork();
+    if (pid == 0)
+        echo_main(path, reply, len);
+    if (pid > 0 && wait_accepting(path) < 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        return -1;
+    }
+    return pid;
+}
+
+static void echo_stop(pid_t pid, const char *path)
+{
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+    unlink(path);
 }
 
 /* ---- measurements ----------------------------------------------------- */
@@ -359,16 +367,10 @@ static pid_t start_kwarmd(const char *bin, const char *sock, const char *cache)
         execl(bin, bin, "--socket", sock, "--cache", cache, "--jobs", "2", (char *)NULL);
         _exit(127);
     }
-    for (int i = 0; i < 500; i++) { /* bounded wait until it accepts */
-        int fd = unix_connect(sock);
-        if (fd >= 0) {
-            close(fd);
-            return pid;
-        }
-        struct timespec ts = {0, 10 * 1000 * 1000};
-        nanosleep(&ts, NULL);
-    }
-    kill(pid, SIGKILL);
+    if (pid > 0 && wait_accepting(sock) == 0)
+        return pid;
+    if (pid > 0)
+        kill(pid, SIGKILL);
     return -1;
 }
 
@@ -406,31 +408,11 @@ static int measure(const target *t, double secs, result *r)
     return 0;
 }
 
-static void print_size(FILE *json, size_t size, const result r[3], bool first)
-{
-    static const char *const names[3] = {"kwarmd get hit", "bare echo (floor)",
-                                          "direct LMDB read (floor)"};
-    static const char *const keys[3] = {"kwarmd", "echo", "lmdb"};
-    printf("\ncubin %zu KB       p50 us   p99 us   req/s 1 client   8 clients  64 clients\n",
-           size / 1024);
-    for (int i = 0; i < 3; i++)
-        printf("%-24s %8.1f %8.1f %16.0f %11.0f %11.0f\n", names[i], r[i].p50,
-               r[i].p99, r[i].rps[0], r[i].rps[1], r[i].rps[2]);
-    printf("kwarmd vs echo: latency p50 %.2fx, p99 %.2fx; throughput %.0f%% / %.0f%% / %.0f%%\n",
-           r[0].p50 / r[1].p50, r[0].p99 / r[1].p99, 100 * r[0].rps[0] / r[1].rps[0],
-           100 * r[0].rps[1] / r[1].rps[1], 100 * r[0].rps[2] / r[1].rps[2]);
-    if (json == NULL)
-        return;
-    fprintf(json, "%s\n {\"size\": %zu", first ? "" : ",", size);
-    for (int i = 0; i < 3; i++)
-        fprintf(json, ", \"%s\": {\"p50_us\": %.2f, \"p99_us\": %.2f, \"rps\": [%.0f, %.0f, %.0f]}",
-                keys[i], r[i].p50, r[i].p99, r[i].rps[0], r[i].rps[1], r[i].rps[2]);
-    fprintf(json, "}");
-}
-
-/* Measures kwarmd, the echo floor and the LMDB floor for one size. */
-static int bench_size(size_t s, const char *ksock, const char *esock,
-                      kw_cache *cache, uint8_t (*digests)[32], double secs,
+/* One size in one run: kwarmd and the echo floor (r[0], r[1]; which goes
+ * first alternates between runs, so drift favours neither), and the
+ * direct LMDB read (r[2]) in the first run only. */
+static int bench_size(const char *ksock, const char *esock, kw_cache *cache,
+                      uint8_t (*digests)[32], double secs, int run,
                       result r[3])
 {
     uint8_t *reqs[NBLOBS];
@@ -441,41 +423,152 @@ static int bench_size(size_t s, const char *ksock, const char *esock,
     target l = {NULL, cache, digests, reqs, lens, NBLOBS};
     target e = {esock, NULL, digests, reqs, lens, NBLOBS};
     uint8_t *reply = sample_reply(ksock, reqs[0], lens[0], &reply_len);
-    pthread_t tid;
-    echo *srv = reply ? echo_start(esock, reply, reply_len, &tid) : NULL;
-    int rc = srv == NULL ? -1 : 0;
+    pid_t srv = reply ? echo_start(esock, reply, reply_len) : -1;
+    int rc = srv < 0 ? -1 : 0;
+    const target *first = run % 2 ? &e : &k, *second = run % 2 ? &k : &e;
     if (rc == 0)
-        rc = measure(&k, secs, &r[0]) < 0 || measure(&e, secs, &r[1]) < 0 ||
-                     measure(&l, secs, &r[2]) < 0 ? -1 : 0;
-    if (srv != NULL)
-        echo_stop(srv, tid);
+        rc = measure(first, secs, &r[run % 2]) < 0 ||
+             measure(second, secs, &r[1 - run % 2]) < 0 ||
+             (run == 0 && measure(&l, secs, &r[2]) < 0) ? -1 : 0;
+    if (srv > 0)
+        echo_stop(srv, esock);
     free(reply);
     for (size_t i = 0; i < NBLOBS; i++)
         free(reqs[i]);
-    (void)s;
     return rc;
+}
+
+/* ---- report: ratios against the echo, median and best of the runs ---- */
+
+#define MAX_RUNS 15
+#define NRATIOS 5 /* p50, p99, throughput at 1, 8 and 64 clients */
+
+static const char *const ratio_names[NRATIOS] = {
+    "latency p50 kwarmd/echo", "latency p99 kwarmd/echo",
+    "throughput  1 client  kwarmd/echo", "throughput  8 clients kwarmd/echo",
+    "throughput 64 clients kwarmd/echo"};
+static const char *const ratio_keys[NRATIOS] = {"p50", "p99", "rps_1", "rps_8",
+                                                "rps_64"};
+/* issue 14 point 3: latency at most, throughput at least */
+static const double ratio_aims[NRATIOS] = {1.2, 1.5, 0.85, 0.85, 0.85};
+
+static double ratio_of(const result r[3], int i)
+{
+    if (i == 0)
+        return r[0].p50 / r[1].p50;
+    if (i == 1)
+        return r[0].p99 / r[1].p99;
+    return r[0].rps[i - 2] / r[1].rps[i - 2];
+}
+
+static double median_of(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, bench_cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* The median over the runs of one field (f) of target `which`. */
+static double median_field(const result (*r)[3], int runs, int which,
+                           double (*f)(const result *))
+{
+    double v[MAX_RUNS];
+    for (int i = 0; i < runs; i++)
+        v[i] = f(&r[i][which]);
+    return median_of(v, runs);
+}
+
+static double f_p50(const result *r) { return r->p50; }
+static double f_p99(const result *r) { return r->p99; }
+static double f_rps1(const result *r) { return r->rps[0]; }
+static double f_rps8(const result *r) { return r->rps[1]; }
+static double f_rps64(const result *r) { return r->rps[2]; }
+
+static double (*const fields[5])(const result *) = {f_p50, f_p99, f_rps1,
+                                                    f_rps8, f_rps64};
+
+static void print_size(FILE *json, size_t size, const result (*r)[3],
+                       int runs, bool first)
+{
+    static const char *const names[3] = {"kwarmd get hit", "bare echo (floor)",
+                                          "direct LMDB read (floor)"};
+    static const char *const keys[3] = {"kwarmd", "echo", "lmdb"};
+    printf("\ncubin %zu KB, median of %d runs   p50 us   p99 us   req/s 1 client"
+           "   8 clients  64 clients\n", size / 1024, runs);
+    if (json)
+        fprintf(json, "%s\n {\"size\": %zu", first ? "" : ",", size);
+    for (int i = 0; i < 3; i++) {
+        double m[5];
+        for (int f = 0; f < 5; f++)
+            m[f] = median_field(r, i == 2 ? 1 : runs, i, fields[f]);
+        printf("%-34s %8.1f %8.1f %16.0f %11.0f %11.0f\n", names[i], m[0], m[1],
+               m[2], m[3], m[4]);
+        if (json)
+            fprintf(json, ", \"%s\": {\"p50_us\": %.2f, \"p99_us\": %.2f, "
+                    "\"rps\": [%.0f, %.0f, %.0f]}", keys[i], m[0], m[1], m[2],
+                    m[3], m[4]);
+    }
+    printf("%-34s %6s %8s %8s  %s\n", "ratio", "aim", "median", "best", "met");
+    if (json)
+        fprintf(json, ", \"ratios\": {");
+    for (int i = 0; i < NRATIOS; i++) {
+        double v[MAX_RUNS];
+        for (int k = 0; k < runs; k++)
+            v[k] = ratio_of(r[k], i);
+        double med = median_of(v, runs);
+        bool lower = i < 2; /* latency: lower is better */
+        double best = lower ? v[0] : v[runs - 1];
+        bool met = lower ? med <= ratio_aims[i] : med >= ratio_aims[i];
+        printf("%-34s %s%4.2f %7.2fx %7.2fx  %s\n", ratio_names[i],
+               lower ? "<=" : ">=", ratio_aims[i], med, best, met ? "yes" : "no");
+        if (json)
+            fprintf(json, "%s\"%s\": {\"aim\": \"%s %.2f\", \"median\": %.3f, "
+                    "\"best\": %.3f, \"met\": %s}", i ? ", " : "", ratio_keys[i],
+                    lower ? "<=" : ">=", ratio_aims[i], med, best,
+                    met ? "true" : "false");
+    }
+    if (json)
+        fprintf(json, "}}");
+}
+
+static const char usage_text[] =
+    "usage: bench_daemon --kwarmd PATH [--seconds S] [--runs R] [--json FILE]\n"
+    "  gets of cached 4, 50 and 200 KB cubins through kwarmd against a bare\n"
+    "  libuv echo of the same frames; R runs (5, at most 15), ratios as the\n"
+    "  median and the best of the runs beside issue 14's aims";
+
+static int parse_args(int argc, char **argv, const char **bin, double *secs,
+                      int *runs, const char **json)
+{
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (strcmp(argv[i], "--kwarmd") == 0)
+            *bin = argv[i + 1];
+        else if (strcmp(argv[i], "--seconds") == 0)
+            *secs = atof(argv[i + 1]);
+        else if (strcmp(argv[i], "--runs") == 0)
+            *runs = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--json") == 0)
+            *json = argv[i + 1];
+        else
+            return -1;
+    }
+    return *bin == NULL || *secs <= 0 || *runs < 1 || *runs > MAX_RUNS ||
+           argc % 2 == 0 ? -1 : 0;
 }
 
 int main(int argc, char **argv)
 {
-    if (bench_help(argc, argv, "usage: bench_daemon --kwarmd PATH [--seconds S] [--json FILE]"))
+    if (bench_help(argc, argv, usage_text))
         return 0;
     const char *bin = NULL, *json_path = NULL;
-    double secs = 2;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (strcmp(argv[i], "--kwarmd") == 0)
-            bin = argv[i + 1];
-        else if (strcmp(argv[i], "--seconds") == 0)
-            secs = atof(argv[i + 1]);
-        else if (strcmp(argv[i], "--json") == 0)
-            json_path = argv[i + 1];
-    }
-    if (bin == NULL || secs <= 0) {
-        fprintf(stderr, "usage: bench_daemon --kwarmd PATH [--seconds S] [--json FILE]\n");
+    double secs = 1;
+    int runs = 5;
+    if (parse_args(argc, argv, &bin, &secs, &runs, &json_path) < 0) {
+        fprintf(stderr, "%s\n", usage_text);
         return 2;
     }
     char dir[] = "/tmp/kw-bench-daemon-XXXXXX", cache[96], ksock[96], esock[96];
     static uint8_t digests[3][NBLOBS][32];
+    static result res[3][MAX_RUNS][3];
     if (mkdtemp(dir) == NULL)
         return 1;
     snprintf(cache, sizeof cache, "%s/cache", dir);
@@ -490,15 +583,17 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_daemon: set-up failed\n");
         return 1;
     }
-    FILE *json = json_path ? fopen(json_path, "w") : NULL;
-    if (json)
-        fprintf(json, "{\"clients\": [1, 8, 64], \"sizes\": [");
     int rc = 0;
-    for (size_t s = 0; rc == 0 && s < 3; s++) {
-        result r[3];
-        if ((rc = bench_size(s, ksock, esock, c, digests[s], secs, r)) == 0)
-            print_size(json, sizes[s], r, s == 0);
+    for (int run = 0; rc == 0 && run < runs; run++) {
+        for (size_t s = 0; rc == 0 && s < 3; s++)
+            rc = bench_size(ksock, esock, c, digests[s], secs, run, res[s][run]);
+        fprintf(stderr, "bench_daemon: run %d of %d done\n", run + 1, runs);
     }
+    FILE *json = json_path && rc == 0 ? fopen(json_path, "w") : NULL;
+    if (json)
+        fprintf(json, "{\"clients\": [1, 8, 64], \"runs\": %d, \"sizes\": [", runs);
+    for (size_t s = 0; rc == 0 && s < 3; s++)
+        print_size(json, sizes[s], (const result (*)[3])res[s], runs, s == 0);
     if (json) {
         fprintf(json, "]}\n");
         fclose(json);
