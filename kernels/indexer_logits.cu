@@ -30,9 +30,10 @@
  * m16n8 accumulator order, 16 rows per warp):
  *  - sm_90a (__CUDA_ARCH_FEAT_SM90_ALL): wgmma.mma_async m64nNQk32 e4m3,
  *    operands from shared memory;
- *  - elsewhere (sm_80 and up): mma.sync m16n8k16 f16 on the fp8 bytes
- *    converted to f16 (exact: every e4m3 value is an f16 value), each warp
- *    taking 16 rows; below sm_80 a scalar loop.
+ *  - elsewhere: mma.sync m16n8k16 f16 (sm_80 and up; two m16n8k8 on
+ *    sm_75) on the fp8 bytes converted to f16 (exact: every e4m3 value is
+ *    an f16 value), each warp taking 16 rows.  Below sm_80, where there is
+ *    no cp.async, the stages are filled with plain loads and stores.
  * Products of fp8 values are exact in fp32, so the paths differ from the
  * double-precision reference only in the order of summation.
  */
@@ -107,29 +108,48 @@ __device__ __forceinline__ unsigned il_off(int r, int c, int d)
     return (unsigned)(((r >> 3) * (d >> 4) + c) * 128 + (r & 7) * 16);
 }
 
+/* 16- and 4-byte copies global -> shared (zero-filled when !valid):
+ * cp.async from sm_80 on; before that (sm_75) a plain load and store, so
+ * the key still compiles and runs there, and commit/wait are no-ops. */
 __device__ __forceinline__ void il_cp16(unsigned dst, const void *src,
                                         bool valid)
 {
+#if __CUDA_ARCH__ >= 800
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
                  ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+#else
+    uint4 v = valid ? *(const uint4 *)src : make_uint4(0, 0, 0, 0);
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n"
+                 ::"r"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+#endif
 }
 
 __device__ __forceinline__ void il_cp4(unsigned dst, const void *src,
                                        bool valid)
 {
+#if __CUDA_ARCH__ >= 800
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
                  ::"r"(dst), "l"(src), "r"(valid ? 4 : 0) : "memory");
+#else
+    unsigned v = valid ? *(const unsigned *)src : 0u;
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(dst), "r"(v) : "memory");
+#endif
 }
 
 __device__ __forceinline__ void il_cp_commit()
 {
+#if __CUDA_ARCH__ >= 800
     asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
 }
 
 template <int N>
 __device__ __forceinline__ void il_cp_wait()
 {
+#if __CUDA_ARCH__ >= 800
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -299,7 +319,7 @@ __device__ __forceinline__ void il_mma_warp(float *acc, const kw_u8 *kt,
                                             const kw_u8 *qs, int rb)
 {
     const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-#if __CUDA_ARCH__ >= 800
+#if __CUDA_ARCH__ >= 750
 #pragma unroll 1
     for (int s = 0; s < D / 16; s++) {
         unsigned a[4];
@@ -312,6 +332,7 @@ __device__ __forceinline__ void il_mma_warp(float *acc, const kw_u8 *kt,
             const kw_u8 *b = qs + il_off(8 * j + g, s, D) + 2 * tq;
             unsigned b0 = il_f16x2(*(const unsigned short *)b);
             unsigned b1 = il_f16x2(*(const unsigned short *)(b + 8));
+#if __CUDA_ARCH__ >= 800
             asm volatile(
                 "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
@@ -319,6 +340,16 @@ __device__ __forceinline__ void il_mma_warp(float *acc, const kw_u8 *kt,
                   "+f"(acc[4 * j + 2]), "+f"(acc[4 * j + 3])
                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0),
                   "r"(b1));
+#else
+            /* sm_75 has m16n8k8 only: the two k halves one after another. */
+            for (int h = 0; h < 2; h++)
+                asm volatile(
+                    "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 "
+                    "{%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+                    : "+f"(acc[4 * j]), "+f"(acc[4 * j + 1]),
+                      "+f"(acc[4 * j + 2]), "+f"(acc[4 * j + 3])
+                    : "r"(a[2 * h]), "r"(a[2 * h + 1]), "r"(h ? b1 : b0));
+#endif
         }
     }
 #else

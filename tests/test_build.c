@@ -129,3 +129,40 @@ Test(build, invalid_key_fields_are_refused_before_nvrtc)
     cr_assert_eq(kw_keys_compile(&k, false, &r), KW_EINVAL);
     kw_jit_result_destroy(&r);
 }
+
+/* The indexer keys of every fixture compile for each arch a deployment may
+ * name, not only sm_90: below sm_80 there is no cp.async and below sm_89
+ * no fp8 conversion, and `kwarm prewarm --arch sm_75` once failed both
+ * indexer_logits keys inside ptxas. */
+Test(build, indexer_keys_compile_for_every_arch, .timeout = 1200)
+{
+    static const char *const archs[] = {"sm_75", "sm_80", "sm_89", "sm_90",
+                                        "sm_100"};
+    const size_t na = sizeof archs / sizeof *archs;
+    keylist all = {0}, l = {0};
+    for (size_t f = 0; f < sizeof fixtures / sizeof *fixtures; f++)
+        add_keys(&all, fixtures[f], "1");
+    l.keys = calloc(all.n * na, sizeof *l.keys);
+    cr_assert_not_null(l.keys);
+    for (size_t i = 0; i < all.n; i++) {
+        if (all.keys[i].family != KW_K_INDEXER_LOGITS &&
+            all.keys[i].family != KW_K_INDEXER_TOPK)
+            continue;
+        for (size_t a = 0; a < na; a++) {
+            l.keys[l.n] = all.keys[i];
+            snprintf(l.keys[l.n].arch, sizeof l.keys[l.n].arch, "%s", archs[a]);
+            l.n++;
+        }
+    }
+    cr_assert_geq(l.n, 4 * na, "expected indexer keys in the fixtures");
+    work w = {.l = &l};
+    pthread_t t[4];
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(pthread_create(&t[i], NULL, compile_worker, &w), 0);
+    for (int i = 0; i < 4; i++)
+        pthread_join(t[i], NULL);
+    cr_expect_eq(atomic_load(&w.bad), 0, "%zu of %zu keys failed (first: %s)",
+                 atomic_load(&w.bad), l.n, kw_strerror(w.first_rc));
+    free(l.keys);
+    free(all.keys);
+}
