@@ -259,8 +259,9 @@ static int cmp_names(const void *a, const void *b)
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-/* The name used twice among node's members (NULL when none), found by
- * sorting so 10^4 members stay O(n log n); KW_ENOMEM through *rc. */
+/* The name used twice among node's members (NULL when none): compared
+ * pairwise when there are few, found by sorting when there are many, so
+ * 10^4 members stay O(n log n); KW_ENOMEM through *rc. */
 static const char *duplicate_name(const cJSON *node, int *rc)
 {
     size_t n = 0;
@@ -268,6 +269,14 @@ static const char *duplicate_name(const cJSON *node, int *rc)
         n++;
     if (n < 2)
         return NULL;
+    if (n <= 16) { /* a reply or request header: no allocation */
+        for (const cJSON *a = node->child; a != NULL; a = a->next)
+            for (const cJSON *b = a->next; b != NULL; b = b->next)
+                if (strcmp(a->string ? a->string : "",
+                           b->string ? b->string : "") == 0)
+                    return b->string ? b->string : "";
+        return NULL;
+    }
     const char **names = malloc(n * sizeof *names);
     if (names == NULL) {
         *rc = KW_ENOMEM;
@@ -285,25 +294,58 @@ static const char *duplicate_name(const cJSON *node, int *rc)
     return dup;
 }
 
-/* Judges node (at depth, ptr its pointer) and everything under it.
- * Returns 0, or KW_EJSON / KW_ENOMEM with *what set and ptr naming the
- * value at fault.  The depth check bounds the recursion. */
-static int check_node(const cJSON *node, unsigned depth, unsigned max_depth,
-                      char *ptr, const char **what)
+/* True when the C string s is valid UTF-8 throughout. */
+static bool utf8_ok(const char *s)
 {
-    bool container = cJSON_IsArray(node) || cJSON_IsObject(node);
-    if (cJSON_IsRaw(node) || cJSON_IsInvalid(node)) {
-        *what = "raw or invalid item";
-        return KW_EJSON;
+    const unsigned char *u = (const unsigned char *)s, *end = u + strlen(s);
+    while (u < end) {
+        size_t k = kw_json_utf8_len(u, end);
+        if (k == 0)
+            return false;
+        u += k;
     }
-    if (cJSON_IsNumber(node) && !isfinite(node->valuedouble)) {
-        *what = "number out of the range of a double";
+    return true;
+}
+
+/* Puts "/token" (escaped) in front of the pointer in ptr. */
+static void pointer_prepend(char *ptr, const char *token)
+{
+    char head[POINTER_CAP] = "";
+    kw_json_pointer_append(head, sizeof head, token);
+    size_t h = strlen(head), t = strlen(ptr);
+    if (h + t >= POINTER_CAP)
+        t = POINTER_CAP - 1 - h;
+    memmove(ptr + h, ptr, t);
+    memcpy(ptr, head, h);
+    ptr[h + t] = '\0';
+}
+
+/* What is wrong with node itself (not its children), or NULL; strings:
+ * names and strings must be valid UTF-8 too. */
+static const char *node_fault(const cJSON *node, unsigned depth,
+                              unsigned max_depth, bool strings)
+{
+    if (cJSON_IsRaw(node) || cJSON_IsInvalid(node))
+        return "raw or invalid item";
+    if (cJSON_IsNumber(node) && !isfinite(node->valuedouble))
+        return "number out of the range of a double";
+    if ((cJSON_IsArray(node) || cJSON_IsObject(node)) && depth > max_depth)
+        return "nesting too deep";
+    if (strings && ((node->string && !utf8_ok(node->string)) ||
+                    (cJSON_IsString(node) && !utf8_ok(node->valuestring))))
+        return "string that is not valid UTF-8";
+    return NULL;
+}
+
+/* Judges node (at depth) and everything under it.  Returns 0, or
+ * KW_EJSON / KW_ENOMEM with *what set and ptr naming the value at fault
+ * below node (built on the way back up: nothing is formatted when all is
+ * well).  The depth check bounds the recursion. */
+static int check_node(const cJSON *node, unsigned depth, unsigned max_depth,
+                      bool strings, char *ptr, const char **what)
+{
+    if ((*what = node_fault(node, depth, max_depth, strings)) != NULL)
         return KW_EJSON;
-    }
-    if (container && depth > max_depth) {
-        *what = "nesting too deep";
-        return KW_EJSON;
-    }
     int rc = 0;
     const char *dup = cJSON_IsObject(node) ? duplicate_name(node, &rc) : NULL;
     if (rc != 0 || dup != NULL) {
@@ -312,22 +354,20 @@ static int check_node(const cJSON *node, unsigned depth, unsigned max_depth,
         *what = rc != 0 ? "out of memory" : "duplicate member name";
         return rc != 0 ? rc : KW_EJSON;
     }
-    size_t base = strlen(ptr), idx = 0;
+    size_t idx = 0;
     for (const cJSON *c = node->child; c != NULL; c = c->next, idx++) {
+        if ((rc = check_node(c, depth + 1, max_depth, strings, ptr, what)) == 0)
+            continue;
         char tok[32];
         snprintf(tok, sizeof tok, "%zu", idx);
-        kw_json_pointer_append(ptr, POINTER_CAP,
-                               cJSON_IsObject(node) && c->string ? c->string
-                                                                 : tok);
-        if ((rc = check_node(c, depth + 1, max_depth, ptr, what)) != 0)
-            return rc;
-        ptr[base] = '\0';
+        pointer_prepend(ptr, cJSON_IsObject(node) && c->string ? c->string : tok);
+        return rc;
     }
     return 0;
 }
 
-int kw_json_check_tree(const cJSON *root, unsigned max_depth, char *err,
-                       size_t errlen)
+static int check_tree(const cJSON *root, unsigned max_depth, bool strings,
+                      char *err, size_t errlen)
 {
     if (root == NULL) {
         errf(err, errlen, "/: no value");
@@ -335,12 +375,24 @@ int kw_json_check_tree(const cJSON *root, unsigned max_depth, char *err,
     }
     char ptr[POINTER_CAP] = "";
     const char *what = NULL;
-    int rc = check_node(root, 1, max_depth, ptr, &what);
+    int rc = check_node(root, 1, max_depth, strings, ptr, &what);
     if (rc == KW_EJSON && strcmp(what, "nesting too deep") == 0)
         errf(err, errlen, "%s: nesting deeper than %u levels", ptr, max_depth);
     else if (rc == KW_EJSON)
         errf(err, errlen, "%s: %s", ptr[0] ? ptr : "/", what);
     return rc;
+}
+
+int kw_json_check_tree(const cJSON *root, unsigned max_depth, char *err,
+                       size_t errlen)
+{
+    return check_tree(root, max_depth, false, err, errlen);
+}
+
+int kw_json_check_out(const cJSON *root, unsigned max_depth, char *err,
+                      size_t errlen)
+{
+    return check_tree(root, max_depth, true, err, errlen);
 }
 
 int kw_json_parse(const char *buf, size_t len, unsigned max_depth,

@@ -66,6 +66,13 @@ int kw_json_check_text(const char *buf, size_t len, unsigned max_depth,
 int kw_json_check_tree(const cJSON *root, unsigned max_depth, char *err,
                        size_t errlen);
 
+/* The tree rules, and every member name and string valid UTF-8: the text
+ * cJSON prints from a tree that passes obeys rules 1-5 (cJSON strings hold
+ * no NUL, and its printer escapes what JSON requires), so an encoder need
+ * not lex its own output again.  Returns as kw_json_check_tree(). */
+int kw_json_check_out(const cJSON *root, unsigned max_depth, char *err,
+                      size_t errlen);
+
 /* Length of the valid UTF-8 sequence at p (rule 1) that ends by end, or 0
  * when there is none.  p < end. */
 size_t kw_json_utf8_len(const unsigned char *p, const unsigned char *end);

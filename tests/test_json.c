@@ -6,6 +6,7 @@
 #include <math.h>
 
 #include "kw_json.h"
+#include "kw_proto.h"
 
 /* ---- §1: strict JSON, one test per rule --------------------------------- */
 
@@ -589,6 +590,57 @@ Test(json_reader, check_tree_judges_trees_built_in_memory)
         cJSON_Delete(root);
         root = child;
     }
+}
+
+Test(json_reader, check_tree_names_the_nested_value_at_fault)
+{
+    char err[KW_JSON_ERRLEN];
+    cJSON *o = cJSON_Parse("{\"a\": [1, {\"b/c\": [0, 0, {}]}]}");
+    cr_assert_not_null(o);
+    cJSON *deep = cJSON_GetArrayItem(cJSON_GetObjectItem(
+        cJSON_GetArrayItem(cJSON_GetObjectItem(o, "a"), 1), "b/c"), 2);
+    cJSON_AddNumberToObject(deep, "x", NAN);
+    cr_expect_eq(kw_json_check_tree(o, 8, err, sizeof err), KW_EJSON);
+    cr_expect_str_eq(err, "/a/1/b~1c/2/x: number out of the range of a double");
+    cJSON_Delete(o);
+    /* Duplicates among few members (pairwise) and many (sorted). */
+    for (int n = 2; n <= 40; n += 38) {
+        o = cJSON_CreateObject();
+        for (int i = 0; i < n; i++) {
+            char name[16];
+            snprintf(name, sizeof name, "m%d", i);
+            cJSON_AddNumberToObject(o, name, i);
+        }
+        cr_expect_eq(kw_json_check_tree(o, 4, err, sizeof err), 0, "%d: %s", n, err);
+        cJSON_AddNumberToObject(o, "m1", 0);
+        cr_expect_eq(kw_json_check_tree(o, 4, err, sizeof err), KW_EJSON);
+        cr_expect_str_eq(err, "/m1: duplicate member name");
+        cJSON_Delete(o);
+    }
+}
+
+Test(json_reader, check_out_refuses_strings_that_are_not_utf8)
+{
+    char err[KW_JSON_ERRLEN];
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "ok", "caf\xc3\xa9");
+    cr_expect_eq(kw_json_check_out(o, 4, err, sizeof err), 0, "%s", err);
+    cJSON *arr = cJSON_AddArrayToObject(o, "list");
+    cJSON_AddItemToArray(arr, cJSON_CreateString("\xc3("));
+    cr_expect_eq(kw_json_check_tree(o, 4, err, sizeof err), 0,
+                 "check_tree looks at structure only");
+    cr_expect_eq(kw_json_check_out(o, 4, err, sizeof err), KW_EJSON);
+    cr_expect_str_eq(err, "/list/0: string that is not valid UTF-8");
+    cJSON_Delete(o);
+    o = cJSON_CreateObject();
+    cJSON_AddTrueToObject(o, "\xed\xa0\x80"); /* a surrogate, in a name */
+    cr_expect_eq(kw_json_check_out(o, 4, err, sizeof err), KW_EJSON);
+    /* The encoder relies on it: such a header is refused, not sent. */
+    uint8_t *f = NULL;
+    size_t len = 0;
+    cr_expect_eq(kw_proto_encode(KW_PROTO_RESULT, o, NULL, 0, &f, &len), KW_EINVAL);
+    cr_expect_null(f);
+    cJSON_Delete(o);
 }
 
 Test(json_reader, pointer_append_escapes_and_reports_overflow)
