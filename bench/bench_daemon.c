@@ -1,7 +1,8 @@
 /* bench_daemon.c: get-hit latency and throughput over kwarmd's socket,
  * beside two floors measured in the same run: the direct LMDB read
- * (kw_cache_get_into) and a bare libuv echo server that answers each
- * request with a frame of the same size over the same kind of socket.
+ * (kw_cache_get_into) and a bare libuv echo server, in its own process,
+ * that answers each request with the very frame kwarmd sends for it
+ * (kept in memory, one per cubin) over the same kind of socket.
  *
  * usage: bench_daemon --kwarmd PATH [--seconds S] [--runs R] [--json FILE]
  *
@@ -110,14 +111,17 @@ static uint8_t *get_request(const uint8_t *digest, size_t *len)
 }
 
 /* ---- the bare echo floor: a libuv server answering every request frame
- * with one prepared frame of the same size kwarmd would send ----------- */
+ * with the frame kwarmd sent for the same request, prepared in memory --- */
 
 typedef struct echo {
     uv_loop_t loop;
     uv_pipe_t server;
     uv_signal_t stop;
-    const uint8_t *reply; /* shared, never freed while serving */
-    size_t reply_len;
+    /* kwarmd's reply to the GET of each digest, in digest order: the
+     * echo answers every request with the frame kwarmd sent for it */
+    uint8_t *const *replies;
+    const size_t *lens;
+    char (*hex)[65];
 } echo;
 
 typedef struct echo_conn {
@@ -159,11 +163,16 @@ static void echo_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b)
         size_t used;
         if (kw_proto_parse_request(c->buf, c->len, &m, &used) != KW_PROTO_OK)
             return;
+        const cJSON *d = cJSON_GetObjectItemCaseSensitive(m.header, "digest");
+        size_t i = 0;
+        while (i + 1 < NBLOBS && cJSON_IsString(d) &&
+               strcmp(d->valuestring, c->e->hex[i]) != 0)
+            i++;
         kw_msg_destroy(&m);
         memmove(c->buf, c->buf + used, c->len - used);
         c->len -= used;
         uv_write_t *w = malloc(sizeof *w);
-        uv_buf_t out = uv_buf_init((char *)c->e->reply, (unsigned)c->e->reply_len);
+        uv_buf_t out = uv_buf_init((char *)c->e->replies[i], (unsigned)c->e->lens[i]);
         uv_write(w, s, &out, 1, echo_written);
     }
 }
@@ -192,9 +201,9 @@ static void echo_on_stop(uv_signal_t *s, int signum)
 }
 
 /* The echo server's process: serves path until SIGTERM. */
-static void echo_main(const char *path, const uint8_t *reply, size_t len)
+static void echo_main(const char *path, const echo *proto)
 {
-    echo e = {.reply = reply, .reply_len = len};
+    echo e = *proto;
     uv_loop_init(&e.loop);
     uv_pipe_init(&e.loop, &e.server, 0);
     e.server.data = &e;
@@ -224,13 +233,13 @@ static int wait_accepting(const char *sock)
 }
 
 /* Starts the echo server, in its own process as kwarmd is (so neither
- * gets cheaper thread switches with the clients), at path answering with
- * reply; its pid, or -1. */
-static pid_t echo_start(const char *path, const uint8_t *reply, size_t len)
+ * gets cheaper thread switches with the clients), at path answering as
+ * proto says; its pid, or -1. */
+static pid_t echo_start(const char *path, const echo *proto)
 {
     pid_t pid = fork();
     if (pid == 0)
-        echo_main(path, reply, len);
+        echo_main(path, proto);
     if (pid > 0 && wait_accepting(path) < 0) {
         kill(pid, SIGKILL);
         waitpid(pid, NULL, 0);
@@ -374,7 +383,8 @@ static pid_t start_kwarmd(const char *bin, const char *sock, const char *cache)
     return -1;
 }
 
-/* kwarmd's exact reply frame for one GET: what the echo floor sends. */
+/* kwarmd's exact reply frame for one GET: what the echo floor sends back
+ * for that request. */
 static uint8_t *sample_reply(const char *sock, const uint8_t *req, size_t req_len,
                              size_t *len)
 {
@@ -415,16 +425,23 @@ static int bench_size(const char *ksock, const char *esock, kw_cache *cache,
                       uint8_t (*digests)[32], double secs, int run,
                       result r[3])
 {
-    uint8_t *reqs[NBLOBS];
-    size_t lens[NBLOBS], reply_len = 0;
-    for (size_t i = 0; i < NBLOBS; i++)
+    uint8_t *reqs[NBLOBS], *replies[NBLOBS] = {0};
+    size_t lens[NBLOBS], reply_lens[NBLOBS];
+    char hex[NBLOBS][65];
+    int rc = 0;
+    for (size_t i = 0; i < NBLOBS; i++) {
         reqs[i] = get_request(digests[i], &lens[i]);
+        for (int b = 0; b < 32; b++)
+            snprintf(hex[i] + 2 * b, 3, "%02x", digests[i][b]);
+        replies[i] = sample_reply(ksock, reqs[i], lens[i], &reply_lens[i]);
+        rc = replies[i] == NULL ? -1 : rc;
+    }
     target k = {ksock, NULL, digests, reqs, lens, NBLOBS};
     target l = {NULL, cache, digests, reqs, lens, NBLOBS};
     target e = {esock, NULL, digests, reqs, lens, NBLOBS};
-    uint8_t *reply = sample_reply(ksock, reqs[0], lens[0], &reply_len);
-    pid_t srv = reply ? echo_start(esock, reply, reply_len) : -1;
-    int rc = srv < 0 ? -1 : 0;
+    echo proto = {.replies = replies, .lens = reply_lens, .hex = hex};
+    pid_t srv = rc == 0 ? echo_start(esock, &proto) : -1;
+    rc = srv < 0 ? -1 : 0;
     const target *first = run % 2 ? &e : &k, *second = run % 2 ? &k : &e;
     if (rc == 0)
         rc = measure(first, secs, &r[run % 2]) < 0 ||
@@ -432,7 +449,8 @@ static int bench_size(const char *ksock, const char *esock, kw_cache *cache,
              (run == 0 && measure(&l, secs, &r[2]) < 0) ? -1 : 0;
     if (srv > 0)
         echo_stop(srv, esock);
-    free(reply);
+    for (size_t i = 0; i < NBLOBS; i++)
+        free(replies[i]);
     for (size_t i = 0; i < NBLOBS; i++)
         free(reqs[i]);
     return rc;
