@@ -192,7 +192,34 @@ def copy_gbps(iters):
     return 2 * n / (ms / 1e3) / 1e9
 
 
-def decode(kern, nn, iters, res):
+def blocks_per_sm(kern):
+    """Resident blocks of kern per SM (2 when the driver cannot say)."""
+    try:
+        return cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
+            kern.fn.kernel.ptr, kern.meta["threads"], kern.meta["shmem"])
+    except Exception:
+        return 2
+
+
+def decode_split(blocks, tiles, per_sm):
+    """Blocks per request for the decode grid (any split is correct, see
+    kw_kernels.h): the one of 1..80 whose grid fills its last wave of
+    resident blocks best, weighed by how evenly the 64-row tiles divide
+    among the warpgroups; ties go to the smaller split (fewer block
+    start-ups: a block's set-up and pipeline fill cost about ten tiles)."""
+    slots = per_sm * torch.cuda.get_device_properties(0).multi_processor_count
+    best = (0.0, 1)
+    for s in range(1, 81):
+        waves = blocks * s / slots
+        per_wg = tiles / (2 * s)
+        eff = waves / math.ceil(waves) * per_wg / math.ceil(per_wg)
+        eff *= 1.0 - 0.01 * math.ceil(waves)   # each wave: another start-up
+        if eff > best[0] + 1e-9:
+            best = (eff, s)
+    return best[1]
+
+
+def decode(kern, nn, iters, res, split=0):
     B, rows, PR = 128, 65536, 64
     width = rows // PR
     g = torch.Generator(device="cuda").manual_seed(3 + nn)
@@ -209,7 +236,10 @@ def decode(kern, nn, iters, res):
     out = torch.empty(Q, rows, device="cuda")
     qb = kern.meta["queries"]
     groups = (nn + qb - 1) // qb
-    split = max(1, (1056 + B * groups - 1) // (B * groups))
+    per_sm = blocks_per_sm(kern)
+    split = split or decode_split(B * groups, (rows + 63) // 64, per_sm)
+    res[f"decode_n{nn}_blocks_per_sm"] = per_sm
+    res[f"decode_n{nn}_split"] = split
     args = [q.view(torch.uint8), w, kp.view(torch.uint8), ksc, bt, re, B, width, rows, out]
     ms = timed(lambda: kern((split, B, groups), args), iters)
     kbytes = B * rows * D
@@ -272,7 +302,9 @@ def main():
     res["copy_gbps"] = copy_gbps(a.iters)
     for nn in (1, 2):
         decode(Kernel(a.dir, f"logits_decode_n{nn}", meta), nn, a.iters, res)
-        print(f"decode next_n {nn}: {res[f'decode_n{nn}_ms']:.3f} ms, K read {res[f'decode_n{nn}_k_gbps']:.0f} GB/s "
+        print(f"decode next_n {nn} (split {res[f'decode_n{nn}_split']}, "
+              f"{res[f'decode_n{nn}_blocks_per_sm']} blocks/SM): "
+              f"{res[f'decode_n{nn}_ms']:.3f} ms, K read {res[f'decode_n{nn}_k_gbps']:.0f} GB/s "
               f"= {res[f'decode_n{nn}_k_gbps'] / res['copy_gbps']:.2f} of copy {res['copy_gbps']:.0f} GB/s, "
               f"{res[f'decode_n{nn}_mismatches']} mismatches", flush=True)
         torch.cuda.empty_cache()

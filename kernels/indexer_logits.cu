@@ -17,19 +17,34 @@
  * hold zero bytes and zero weights.
  *
  * Each of the two warpgroups runs its own pipeline over every other tile
- * (its own 1-4 stages filled with cp.async, its own named barrier), so one
- * warpgroup's epilogue overlaps the other's tensor-core work.  Row scales
- * travel with their tile and decode pages are read one iteration ahead,
- * so no step waits on a dependent global load.  Shared memory holds the
- * block's queries (NQ x HEAD_DIM bytes, shared), the stages and the
- * weights, in the no-swizzle "core matrix" layout of wgmma (8 rows x 16
- * bytes contiguous, K-direction neighbours 128 bytes apart, 8-row groups
- * 8*HEAD_DIM apart).
+ * (its own 1-4 stages, its own named barrier), so one warpgroup's epilogue
+ * overlaps the other's tensor-core work.  Row scales travel with their
+ * tile and decode pages are read one iteration ahead, so no step waits on
+ * a dependent global load.  Shared memory holds the block's queries
+ * (NQ x HEAD_DIM bytes, shared), the stages and the weights; queries and
+ * cp.async stages are in the no-swizzle "core matrix" layout of wgmma
+ * (8 rows x 16 bytes contiguous, K-direction neighbours 128 bytes apart,
+ * 8-row groups 8*HEAD_DIM apart).
+ *
+ * How a stage is filled:
+ *  - prefill, and decode off sm_90a: every thread copies 16-byte chunks
+ *    with cp.async (il_loop::run);
+ *  - decode on sm_90a (il_loop::run_tma): one warp per warpgroup issues
+ *    1-D bulk copies (cp.async.bulk, one per run of rows inside a page,
+ *    8 KiB for pages of 64 rows) and the rows' scales (4-byte cp.async),
+ *    completing on the stage's mbarrier.  The tile lands row-major, which
+ *    no wgmma shared-memory layout reads, so each thread loads its two
+ *    rows' bytes into registers as wgmma's A operand; the queries are
+ *    stored with their head_dim words permuted to match (the sum over
+ *    head_dim does not depend on the order).  Per-thread cp.async of the
+ *    decode tiles reached 0.45 of copy bandwidth; register loads straight
+ *    from global memory 0.54 with nothing else in the loop.
  *
  * The tensor-core step has two forms with the same fragment layout (the
  * m16n8 accumulator order, 16 rows per warp):
- *  - sm_90a (__CUDA_ARCH_FEAT_SM90_ALL): wgmma.mma_async m64nNQk32 e4m3,
- *    operands from shared memory;
+ *  - sm_90a (__CUDA_ARCH_FEAT_SM90_ALL): wgmma.mma_async m64nNk32 e4m3,
+ *    the queries (B) from shared memory, the K rows (A) from shared memory
+ *    (run) or registers (run_tma);
  *  - elsewhere: mma.sync m16n8k16 f16 (sm_80 and up; two m16n8k8 on
  *    sm_75) on the fp8 bytes converted to f16 (exact: every e4m3 value is
  *    an f16 value), each warp taking 16 rows.  Below sm_80, where there is
@@ -167,117 +182,71 @@ __device__ __forceinline__ kw_u64 il_desc(unsigned a, unsigned sbo)
            ((kw_u64)(sbo >> 4) << 32);
 }
 
+/* wgmma m64nNk32 e4m3 into f32 accumulators d[N/2]: run() takes A
+ * (the K rows) from shared memory through descriptor da, run_ra() from
+ * registers (four words per thread, m16n8k32 order per warp); B is the
+ * query tile in shared memory, descriptor db.  acc 0: D = A*B. */
+#define IL_F4(b) "+f"(d[b]), "+f"(d[b + 1]), "+f"(d[b + 2]), "+f"(d[b + 3])
+#define IL_F8(b) IL_F4(b), IL_F4(b + 4)
+#define IL_F16(b) IL_F8(b), IL_F8(b + 8)
+#define IL_F32(b) IL_F16(b), IL_F16(b + 16)
+#define IL_F64(b) IL_F32(b), IL_F32(b + 32)
+#define IL_F128(b) IL_F64(b), IL_F64(b + 64)
+#define IL_WGMMA_N(N, DL, PD, AD, BD, PR, AR, BR, ...)                        \
+    template <> struct il_wgmma<N> {                                          \
+        static __device__ __forceinline__ void run(float *d, kw_u64 da,       \
+                                                   kw_u64 db, int acc)        \
+        {                                                                     \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" PD ", 0;\n"     \
+                         "wgmma.mma_async.sync.aligned.m64n" #N               \
+                         "k32.f32.e4m3.e4m3 " DL ", %" AD ", %" BD            \
+                         ", p, 1, 1;\n}\n"                                    \
+                         : __VA_ARGS__                                        \
+                         : "l"(da), "l"(db), "r"(acc));                       \
+        }                                                                     \
+        static __device__ __forceinline__ void run_ra(float *d,               \
+                                                      const unsigned *a,      \
+                                                      kw_u64 db, int acc)     \
+        {                                                                     \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" PR ", 0;\n"     \
+                         "wgmma.mma_async.sync.aligned.m64n" #N               \
+                         "k32.f32.e4m3.e4m3 " DL ", " AR ", %" BR             \
+                         ", p, 1, 1;\n}\n"                                    \
+                         : __VA_ARGS__                                        \
+                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]),        \
+                           "l"(db), "r"(acc));                                \
+        }                                                                     \
+    };
 template <int N> struct il_wgmma;
-template <> struct il_wgmma<16> {
-    static __device__ __forceinline__ void run(float *d, kw_u64 da,
-                                               kw_u64 db, int acc)
-    {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
-                     "{%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p, 1, 1;\n}\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-                       "+f"(d[6]), "+f"(d[7])
-                     : "l"(da), "l"(db), "r"(acc));
-    }
-};
-template <> struct il_wgmma<32> {
-    static __device__ __forceinline__ void run(float *d, kw_u64 da,
-                                               kw_u64 db, int acc)
-    {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
-                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16"
-                     ", %17, p, 1, 1;\n}\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-                       "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-                       "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-                     : "l"(da), "l"(db), "r"(acc));
-    }
-};
-template <> struct il_wgmma<64> {
-    static __device__ __forceinline__ void run(float *d, kw_u64 da,
-                                               kw_u64 db, int acc)
-    {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
-                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%"
-                     "17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31},"
-                     " %32, %33, p, 1, 1;\n}\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-                       "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-                       "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-                       "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                       "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-                       "+f"(d[30]), "+f"(d[31])
-                     : "l"(da), "l"(db), "r"(acc));
-    }
-};
-template <> struct il_wgmma<128> {
-    static __device__ __forceinline__ void run(float *d, kw_u64 da,
-                                               kw_u64 db, int acc)
-    {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
-                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%"
-                     "17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%"
-                     "32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%"
-                     "47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%"
-                     "62,%63}, %64, %65, p, 1, 1;\n}\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-                       "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-                       "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-                       "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                       "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-                       "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-                       "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-                       "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-                       "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
-                       "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
-                       "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                     : "l"(da), "l"(db), "r"(acc));
-    }
-};
-template <> struct il_wgmma<256> {
-    static __device__ __forceinline__ void run(float *d, kw_u64 da,
-                                               kw_u64 db, int acc)
-    {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3 "
-                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%"
-                     "17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%"
-                     "32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%"
-                     "47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%"
-                     "62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%"
-                     "77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%"
-                     "92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105"
-                     ",%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117"
-                     ",%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, %128, %"
-                     "129, p, 1, 1;\n}\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-                       "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-                       "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-                       "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                       "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-                       "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-                       "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-                       "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-                       "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
-                       "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
-                       "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]),
-                       "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-                       "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]),
-                       "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
-                       "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]),
-                       "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-                       "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]),
-                       "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]),
-                       "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]),
-                       "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-                       "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]),
-                       "+f"(d[126]), "+f"(d[127])
-                     : "l"(da), "l"(db), "r"(acc));
-    }
-};
+IL_WGMMA_N(16,
+           "{%0,%1,%2,%3,%4,%5,%6,%7}",
+           "10", "8", "9", "13", "{%8,%9,%10,%11}", "12", IL_F8(0))
+IL_WGMMA_N(32,
+           "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}",
+           "18", "16", "17", "21", "{%16,%17,%18,%19}", "20", IL_F16(0))
+IL_WGMMA_N(64,
+           "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,"
+           "%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}",
+           "34", "32", "33", "37", "{%32,%33,%34,%35}", "36", IL_F32(0))
+IL_WGMMA_N(128,
+           "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,"
+           "%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+           "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,"
+           "%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,"
+           "%62,%63}",
+           "66", "64", "65", "69", "{%64,%65,%66,%67}", "68", IL_F64(0))
+IL_WGMMA_N(256,
+           "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,"
+           "%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+           "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,"
+           "%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,"
+           "%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,"
+           "%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,"
+           "%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,"
+           "%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,"
+           "%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}",
+           "130", "128", "129", "133", "{%128,%129,%130,%131}", "132", IL_F128(0))
+#undef IL_WGMMA_N
 #endif /* IL_WGMMA */
 
 /* Two e4m3 bytes (the low one first) as an f16 pair. */
@@ -384,6 +353,12 @@ struct il_block {
 
 __device__ __forceinline__ int il_wg() { return (int)threadIdx.x >> 7; }
 __device__ __forceinline__ int il_wt() { return (int)threadIdx.x & 127; }
+/* The first of the two tile rows (r, r + 8) this thread's accumulators
+ * hold: 16 rows per warp, lane group g. */
+__device__ __forceinline__ int il_row16()
+{
+    return 16 * (((int)threadIdx.x >> 5) & 3) + (((int)threadIdx.x & 31) >> 2);
+}
 
 /* This warpgroup's barrier (ids 1 and 2; 0 is __syncthreads). */
 __device__ __forceinline__ void il_wg_sync()
@@ -447,8 +422,12 @@ __device__ __forceinline__ void il_load_tile(unsigned dst, unsigned sdst,
     }
 }
 
-/* The block's queries and weights into shared memory (zero padding). */
-template <int H, int D, int HP, int NQ>
+/* The block's queries and weights into shared memory (zero padding).
+ * PERM (the bulk-copy decode path, il_loop::run_tma): the 4-byte word
+ * w = tq * C + c of a query row (C = D / 16 chunks) goes to word tq of GEMM
+ * k-chunk c, the order in which run_tma's threads hold the K rows; the
+ * head_dim sum does not depend on the order. */
+template <int H, int D, int HP, int NQ, bool PERM>
 __device__ __forceinline__ void il_load_queries(kw_u8 *qs, float *ws,
                                                 const kw_u8 *__restrict__ q,
                                                 const float *__restrict__ w,
@@ -460,7 +439,16 @@ __device__ __forceinline__ void il_load_queries(kw_u8 *qs, float *ws,
         uint4 v = make_uint4(0, 0, 0, 0);
         if (qq < nq && h < H)
             v = *(const uint4 *)(q + ((qrow0 + qq) * H + h) * D + c * 16);
-        *(uint4 *)(qs + il_off(col, c, D)) = v;
+        if (PERM) {
+            const unsigned x[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int wd = 4 * c + i;
+                *(unsigned *)(qs + il_off(col, wd % C, D) + 4 * (wd / C)) = x[i];
+            }
+        } else {
+            *(uint4 *)(qs + il_off(col, c, D)) = v;
+        }
     }
     for (int col = threadIdx.x; col < NQ; col += IL_THREADS) {
         int qq = col / HP, h = col % HP;
@@ -580,12 +568,78 @@ __device__ __forceinline__ void il_arrive()
     il_wg_sync();
 }
 
+#if IL_WGMMA
+/* NW 4-byte words from shared address a (16-byte aligned when NW is a
+ * multiple of 4, else 8). */
+template <int NW>
+__device__ __forceinline__ void il_lds(unsigned *r, unsigned a)
+{
+    if constexpr (NW % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < NW / 4; i++)
+            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(r[4 * i]), "=r"(r[4 * i + 1]),
+                           "=r"(r[4 * i + 2]), "=r"(r[4 * i + 3])
+                         : "r"(a + 16 * i) : "memory");
+    } else {
+#pragma unroll
+        for (int i = 0; i < NW / 2; i++)
+            asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n"
+                         : "=r"(r[2 * i]), "=r"(r[2 * i + 1])
+                         : "r"(a + 8 * i) : "memory");
+    }
+}
+
+/* mbarrier at shared address bar: init, the arrival that announces the
+ * phase's bytes, and a wait for a phase. */
+__device__ __forceinline__ void il_bar_init(unsigned bar, unsigned count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar),
+                 "r"(count) : "memory");
+}
+
+/* An arrival on bar once this thread's earlier cp.async copies are done
+ * (counted in the barrier's init count). */
+__device__ __forceinline__ void il_cp_arrive(unsigned bar)
+{
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n"
+                 ::"r"(bar) : "memory");
+}
+
+__device__ __forceinline__ void il_expect_tx(unsigned bar, unsigned bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 ::"r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void il_bar_wait(unsigned bar, unsigned phase)
+{
+    unsigned done = 0;
+    while (!done)
+        asm volatile("{\n.reg .pred p;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(bar), "r"(phase) : "memory");
+}
+
+/* 1-D bulk copy of bytes (a multiple of 16) from global src to shared
+ * dst (both 16-byte aligned), completing on mbarrier bar. */
+__device__ __forceinline__ void il_bulk(unsigned dst, const void *src,
+                                        unsigned bytes, unsigned bar)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx"
+                 "::bytes [%0], [%1], %2, [%3];\n"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+#endif
+
 /* One warpgroup's tile loop: its tiles are t(j) = tlo + (2j + w) * tstep
  * in units of 64 rows, j < nt. */
 template <int H, int D, bool PAGED, int PR, int NEXT_N>
 struct il_loop {
     static constexpr int HP = il_hp(H), QB = il_qb(H, PAGED, NEXT_N);
     static constexpr int NQ = QB * HP, S = il_stages(NQ, D);
+    static constexpr int PP = PR > 0 ? PR : 1; /* page rows (decode) */
     il_smem_map<D, NQ, S> m;
     il_block<QB> bk;
     const int *lo, *hi;
@@ -642,14 +696,182 @@ struct il_loop {
             il_wg_sync(); /* stage j % S is free for tile j + S */
         }
     }
+
+#if IL_WGMMA
+    /* mma_regs commits the NQ columns in G groups of NG (two of 16 or 32
+     * for 32 or 64 columns, where the fold of one group overlaps the
+     * next's tensor-core work; measured slower at 128 columns). */
+    static constexpr int G = NQ == 32 || NQ == 64 ? 2 : 1, NG = NQ / G;
+
+    /* il_epilogue for run_tma: waits for each commit group of mma_regs in
+     * turn and folds its columns while the later ones run. */
+    __device__ __forceinline__ void fold(float *acc, int t, float sc0,
+                                         float sc1) const
+    {
+        const int tq = threadIdx.x & 3, r0 = t * IL_ROWS + il_row16();
+        float s0[QB], s1[QB];
+#pragma unroll
+        for (int qq = 0; qq < QB; qq++)
+            s0[qq] = s1[qq] = 0.0f;
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            if (g == 0 && G > 1)
+                asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+            else
+                asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+            /* The group's accumulators are read only after the wait. */
+#pragma unroll
+            for (int i = 0; i < NG / 2; i++)
+                asm volatile("" : "+f"(acc[g * NG / 2 + i])::"memory");
+#pragma unroll
+            for (int jj = 0; jj < NG / 8; jj++) {
+                const int j = g * NG / 8 + jj, qq = j / (HP / 8);
+                const float2 wv = *(const float2 *)(m.ws + 8 * j + 2 * tq);
+                s0[qq] += fmaxf(acc[4 * j], 0.0f) * wv.x;
+                s0[qq] += fmaxf(acc[4 * j + 1], 0.0f) * wv.y;
+                s1[qq] += fmaxf(acc[4 * j + 2], 0.0f) * wv.x;
+                s1[qq] += fmaxf(acc[4 * j + 3], 0.0f) * wv.y;
+            }
+        }
+#pragma unroll
+        for (int qq = 0; qq < QB; qq++) {
+#pragma unroll
+            for (int x = 1; x < 4; x <<= 1) {
+                s0[qq] += __shfl_xor_sync(0xffffffffu, s0[qq], x);
+                s1[qq] += __shfl_xor_sync(0xffffffffu, s1[qq], x);
+            }
+            if (tq != (qq & 3) || qq >= bk.nq)
+                continue;
+            float *o = out + (bk.row0 + qq) * bk.stride;
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int n = r0 + 8 * e;
+                if (n < bk.limit)
+                    o[n] = n >= lo[qq] && n < hi[qq]
+                               ? (e ? s1[qq] * sc1 : s0[qq] * sc0)
+                               : -__int_as_float(0x7f800000);
+            }
+        }
+    }
+
+    /* Decode on sm_90a (run_tma): warp 0 of the warpgroup fetches each
+     * 64-row K tile into a stage with 1-D bulk copies (one per run of rows
+     * inside a page: one 8 KiB copy for pages of 64 rows), completing on
+     * the stage's mbarrier; no thread copies K bytes.  Each thread then
+     * reads bytes [tq D/4, (tq + 1) D/4) of tile rows r and r + 8
+     * (il_row16) into registers, wgmma's A operand; the queries were
+     * stored permuted to match (il_load_queries, PERM).  Rows at or past
+     * the window are not fetched, and the epilogue writes -inf there. */
+    __device__ __forceinline__ void issue(int j, int st, unsigned bar,
+                                          const int (&pg)[2]) const
+    {
+        const int lane = threadIdx.x & 31, row0 = tile(j) * IL_ROWS;
+        const int nv = min(max(bk.hi - row0, 0), IL_ROWS);
+        const unsigned dst = m.kbase + st * IL_ROWS * D;
+        if (lane == 0)
+            il_expect_tx(bar, (unsigned)(nv * D));
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int r = lane + 32 * e, slot = (row0 + r) % PP;
+            const long long at = (long long)pg[e] * PP + slot;
+            if (r < nv && (r == 0 || slot == 0))
+                il_bulk(dst + r * D, k + at * D,
+                        (unsigned)(min(PP - slot, nv - r) * D), bar);
+            if (r < nv)
+                il_cp4(m.sbase + (st * IL_ROWS + r) * 4, ksc + at, true);
+        }
+        il_cp_arrive(bar);
+    }
+
+    /* Pages of the rows this lane issues (lane, lane + 32) of tile j. */
+    __device__ __forceinline__ void issue_pages(int j, int (&pg)[2]) const
+    {
+        const int row = tile(j) * IL_ROWS + (threadIdx.x & 31);
+#pragma unroll
+        for (int e = 0; e < 2; e++)
+            pg[e] = j < nt && row + 32 * e < bk.hi
+                        ? __ldg(bt + (row + 32 * e) / PP) : 0;
+    }
+
+    /* The GEMM of one tile with A (this thread's K words kr) from
+     * registers: kr[2s], kr[2s + 1] of row r and the same of row r + 8
+     * are k-step s's fragment; the columns go in G commit groups. */
+    __device__ __forceinline__ void mma_regs(const unsigned *kr,
+                                             float *acc) const
+    {
+        constexpr int NW = D / 16;
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+#pragma unroll
+            for (int s = 0; s < D / 32; s++) {
+                const unsigned a[4] = {kr[2 * s], kr[NW + 2 * s],
+                                       kr[2 * s + 1], kr[NW + 2 * s + 1]};
+                il_wgmma<NG>::run_ra(acc + g * NG / 2, a,
+                                     il_desc(m.qa + g * NG * D + s * 256,
+                                             8 * D),
+                                     s > 0);
+            }
+            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        }
+    }
+
+    __device__ __forceinline__ void run_tma(const unsigned bar0)
+    {
+        constexpr int NW = D / 16;
+        const bool producer = (il_wt() >> 5) == 0;
+        const int tq = threadIdx.x & 3, rl = il_row16();
+        int pg[2];
+        unsigned kr[2 * NW];
+        float acc[NQ / 2];
+        if (producer) {
+            for (int s = 0; s < S; s++) {
+                issue_pages(s, pg);
+                if (s < nt)
+                    issue(s, s, bar0 + 8 * s, pg);
+            }
+            issue_pages(S, pg);
+            __syncwarp();
+        }
+#pragma unroll 1
+        for (int j = 0; j < nt; j++) {
+            const int st = j % S;
+            il_bar_wait(bar0 + 8 * st, (unsigned)(j / S) & 1u);
+            const unsigned src = m.kbase + st * IL_ROWS * D + tq * (D / 4);
+#pragma unroll
+            for (int e = 0; e < 2; e++)
+                il_lds<NW>(kr + e * NW, src + (rl + 8 * e) * D);
+            const float *sc = m.scs + st * IL_ROWS + rl;
+            const float sc0 = sc[0], sc1 = sc[8];
+            il_wg_sync(); /* stage st is read: refill it with tile j + S */
+            if (producer && j + S < nt) {
+                issue(j + S, st, bar0 + 8 * st, pg);
+                issue_pages(j + S + 1, pg);
+            }
+            __syncwarp();
+            mma_regs(kr, acc);
+            fold(acc, tile(j), sc0, sc1);
+        }
+    }
+#endif
 };
+
+/* Blocks per SM the registers are capped for: two for 128 GEMM columns
+ * (one in its epilogue while the other keeps the tensor cores busy), one
+ * for 256; three for the sm_90a decode path at 64 columns or fewer, whose
+ * K rows need no registers beyond one tile (shared memory then decides). */
+__host__ __device__ constexpr int il_min_blocks(int h, bool paged, int nn)
+{
+    return IL_WGMMA && paged && il_qb(h, paged, nn) * il_hp(h) <= 64 ? 3
+           : il_qb(h, paged, nn) * il_hp(h) <= 128                  ? 2
+                                                                    : 1;
+}
 
 /* Entry point.  Prefill: (q, w, k, k_scale, ks, ke, num_rows, num_k,
  * stride, logits); decode: (q, w, k_pages, k_scale_pages, block_table,
  * row_end, num_reqs, width, max_rows, logits); see kw_kernels.h. */
 template <int H, int D, bool PAGED, int PR, int NEXT_N>
-__global__ void __launch_bounds__(
-    IL_THREADS, il_qb(H, PAGED, NEXT_N) * il_hp(H) <= 128 ? 2 : 1)
+__global__ void __launch_bounds__(IL_THREADS, il_min_blocks(H, PAGED, NEXT_N))
     kw_k_indexer_logits(
     const kw_u8 *__restrict__ q, const float *__restrict__ w,
     const kw_u8 *__restrict__ k, const float *__restrict__ ksc,
@@ -683,8 +905,19 @@ __global__ void __launch_bounds__(
         lo[threadIdx.x] = v && !PAGED ? ia[i] : 0;
         hi[threadIdx.x] = v ? ib[i] : 0;
     }
-    il_load_queries<H, D, HP, NQ>((kw_u8 *)lp.m.qs, lp.m.ws, q, w, bk.row0,
-                                  bk.nq);
+    constexpr bool TMA = IL_WGMMA && PAGED;
+    il_load_queries<H, D, HP, NQ, TMA>((kw_u8 *)lp.m.qs, lp.m.ws, q, w,
+                                        bk.row0, bk.nq);
+#if IL_WGMMA
+    __shared__ __align__(8) kw_u64 il_bars[2][L::S];
+    const unsigned bar0 = (unsigned)__cvta_generic_to_shared(il_bars[il_wg()]);
+    if (TMA) {
+        if (il_wt() < L::S)
+            il_bar_init(bar0 + 8 * il_wt(), 33); /* expect_tx + 32 lanes */
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    }
+#endif
     __syncthreads();
     bk.lo = 0x7fffffff;
     bk.hi = 0;
@@ -722,5 +955,11 @@ __global__ void __launch_bounds__(
     lp.k = k;
     lp.ksc = ksc;
     lp.out = out;
+#if IL_WGMMA
+    if constexpr (TMA) {
+        lp.run_tma(bar0);
+        return;
+    }
+#endif
     lp.run();
 }

@@ -111,7 +111,10 @@ typedef struct kw_k_dev {
  *       [B][width], const int *row_end [Q], int num_reqs (B), int width,
  *       int max_rows, float *logits [Q][max_rows].  Grid: (split, B,
  *       query groups): any split >= 1 (blocks stride over row tiles),
- *       ceil(next_n / kw_k_logits_queries()) groups.
+ *       ceil(next_n / kw_k_logits_queries()) groups.  Fast: one wave of
+ *       resident blocks (on an H200, B = 128 and 64 columns: split 3 at
+ *       three blocks per SM), since a block's set-up and pipeline fill
+ *       cost about ten 64-row tiles.
  *       Both: kw_k_block_threads() (256) threads and kw_k_shmem_bytes()
  *       of dynamic shared memory, the same on every arch.
  *   indexer_topk: const float *logits [rows][stride], const int *ks

@@ -1,0 +1,53 @@
+#!/usr/bin/env python3
+"""Paged decode logits alone, with a copy measured before and after.
+
+usage: indexer_decode.py DIR [SPEC ...]
+
+DIR is what `bench_indexer DIR` wrote.  Each SPEC is TAG:CUBIN:NEXT_N[:SPLIT]
+(default: n1:logits_decode_n1:1 n2:logits_decode_n2:2): CUBIN.cubin in DIR
+is timed as the decode key of that next_n with indexer_bench.py's decode()
+(B=128 x 65,536 rows, pages of 64, 5 launches after 2 warm-ups, the median,
+two queries checked against float64), SPLIT 0 or absent picking the grid as
+indexer_bench.py does.  A variant cubin built from other sources with the
+same entry can be timed beside the key's own.  Copy bandwidth on this GPU
+moved between runs of one process (3.6 to 4.2 TB/s here), so both copies
+are printed and each row's ratio is against the first.
+"""
+import json
+import sys
+
+import torch
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+import indexer_bench as ib  # noqa: E402
+
+
+def main():
+    if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0 if len(sys.argv) >= 2 else 2
+    d = sys.argv[1]
+    specs = sys.argv[2:] or ["n1:logits_decode_n1:1", "n2:logits_decode_n2:2"]
+    meta = json.load(open(f"{d}/kernels.json"))
+    copy0 = ib.copy_gbps(5)
+    print(f"copy {copy0:.0f} GB/s", flush=True)
+    bad = 0
+    for spec in specs:
+        tag, cubin, nn, split = (spec + ":0").split(":")[:4]
+        nn, split = int(nn), int(split)
+        k = ib.Kernel(d, cubin, {cubin: dict(meta[f"logits_decode_n{nn}"])})
+        r = {}
+        ib.decode(k, nn, 5, r, split)
+        gbps = r[f"decode_n{nn}_k_gbps"]
+        bad += r[f"decode_n{nn}_mismatches"]
+        print(f"{tag}: next_n {nn}, split {r[f'decode_n{nn}_split']}, "
+              f"{ib.blocks_per_sm(k)} blocks/SM: {r[f'decode_n{nn}_ms']:.3f} ms, "
+              f"K read {gbps:.0f} GB/s = {gbps / copy0:.3f} of copy, "
+              f"{r[f'decode_n{nn}_mismatches']} mismatches", flush=True)
+        torch.cuda.empty_cache()
+    print(f"copy {ib.copy_gbps(5):.0f} GB/s", flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
