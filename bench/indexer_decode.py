@@ -14,11 +14,12 @@ moved between runs of one process (3.6 to 4.2 TB/s here), so both copies
 are printed and each row's ratio is against the first.
 """
 import json
+import os
 import sys
 
 import torch
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import indexer_bench as ib  # noqa: E402
 
 

@@ -11,7 +11,8 @@
 #   bench.log/json   bench_kernels (production sizes vs copy bandwidth)
 #   topk.log/json    dcp_stable_topk vs torch.topk + stable tie-break
 #   indexer.log/json indexer_logits / indexer_topk vs _scaled_mm, torch,
-#                    Triton and torch.topk; QGMMA count of the prefill cubin
+#                    Triton and torch.topk; QGMMA count of the prefill cubin;
+#                    the decode keys again beside a copy before and after
 set -uo pipefail
 BUILD=${BUILD:-build-gpu}
 OUT=${OUT:-gpu-out}
@@ -51,5 +52,6 @@ cat "$OUT/topk.log"
 "$BUILD/bench_indexer" /tmp/kw-idx > "$OUT/indexer.log" 2>&1 || status=1
 echo "QGMMA: $(cuobjdump --dump-sass /tmp/kw-idx/logits_prefill.cubin | grep -c QGMMA)" >> "$OUT/indexer.log"
 python3 bench/indexer_bench.py /tmp/kw-idx --json "$OUT/indexer.json" >> "$OUT/indexer.log" 2>&1 || status=1
+python3 bench/indexer_decode.py /tmp/kw-idx >> "$OUT/indexer.log" 2>&1 || status=1
 cat "$OUT/indexer.log"
 exit $status
