@@ -369,11 +369,14 @@ static int populate(const char *dir, uint8_t digests[][NBLOBS][32])
     return 0;
 }
 
-static pid_t start_kwarmd(const char *bin, const char *sock, const char *cache)
+/* Starts kwarmd (with --loops loops unless NULL: its default). */
+static pid_t start_kwarmd(const char *bin, const char *sock, const char *cache,
+                          const char *loops)
 {
     pid_t pid = fork();
     if (pid == 0) {
-        execl(bin, bin, "--socket", sock, "--cache", cache, "--jobs", "2", (char *)NULL);
+        execl(bin, bin, "--socket", sock, "--cache", cache, "--jobs", "2",
+              loops ? "--loops" : (char *)NULL, loops, (char *)NULL);
         _exit(127);
     }
     if (pid > 0 && wait_accepting(sock) == 0)
@@ -549,17 +552,20 @@ static void print_size(FILE *json, size_t size, const result (*r)[3],
 }
 
 static const char usage_text[] =
-    "usage: bench_daemon --kwarmd PATH [--seconds S] [--runs R] [--json FILE]\n"
+    "usage: bench_daemon --kwarmd PATH [--loops N] [--seconds S] [--runs R]\n"
+    "                    [--json FILE]\n"
     "  gets of cached 4, 50 and 200 KB cubins through kwarmd against a bare\n"
     "  libuv echo of the same frames; R runs (5, at most 15), ratios as the\n"
     "  median and the best of the runs beside issue 14's aims";
 
 static int parse_args(int argc, char **argv, const char **bin, double *secs,
-                      int *runs, const char **json)
+                      int *runs, const char **json, const char **loops)
 {
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--kwarmd") == 0)
             *bin = argv[i + 1];
+        else if (strcmp(argv[i], "--loops") == 0)
+            *loops = argv[i + 1];
         else if (strcmp(argv[i], "--seconds") == 0)
             *secs = atof(argv[i + 1]);
         else if (strcmp(argv[i], "--runs") == 0)
@@ -577,10 +583,10 @@ int main(int argc, char **argv)
 {
     if (bench_help(argc, argv, usage_text))
         return 0;
-    const char *bin = NULL, *json_path = NULL;
+    const char *bin = NULL, *json_path = NULL, *loops = NULL;
     double secs = 1;
     int runs = 5;
-    if (parse_args(argc, argv, &bin, &secs, &runs, &json_path) < 0) {
+    if (parse_args(argc, argv, &bin, &secs, &runs, &json_path, &loops) < 0) {
         fprintf(stderr, "%s\n", usage_text);
         return 2;
     }
@@ -593,7 +599,7 @@ int main(int argc, char **argv)
     snprintf(ksock, sizeof ksock, "%s/k.sock", dir);
     snprintf(esock, sizeof esock, "%s/e.sock", dir);
     srand(1);
-    pid_t pid = populate(cache, digests) == 0 ? start_kwarmd(bin, ksock, cache) : -1;
+    pid_t pid = populate(cache, digests) == 0 ? start_kwarmd(bin, ksock, cache, loops) : -1;
     kw_cache_opts co = {.dir = cache, .read_only = true};
     kw_cache *c = NULL;
     char err[256];
@@ -609,7 +615,8 @@ int main(int argc, char **argv)
     }
     FILE *json = json_path && rc == 0 ? fopen(json_path, "w") : NULL;
     if (json)
-        fprintf(json, "{\"clients\": [1, 8, 64], \"runs\": %d, \"sizes\": [", runs);
+        fprintf(json, "{\"clients\": [1, 8, 64], \"runs\": %d, \"loops\": \"%s\", "
+                "\"sizes\": [", runs, loops ? loops : "default");
     for (size_t s = 0; rc == 0 && s < 3; s++)
         print_size(json, sizes[s], (const result (*)[3])res[s], runs, s == 0);
     if (json) {

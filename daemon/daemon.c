@@ -43,6 +43,9 @@ void kw_daemon_opts_init(kw_daemon_opts *o)
     o->max_connections = 1024;              /* open connections at once */
     o->max_held_reads = 64;                 /* snapshots held by replies */
     o->held_read_timeout_ms = 5000;         /* and for how long at most */
+    o->loops = n >= 8 ? (unsigned)(n / 4 < 8 ? n / 4 : 8) : 1; /* serving
+                                               loops: a quarter of the
+                                               cores, 1 to 8 */
     o->log_level = 6;                       /* info */
     o->socket_mode = 0660;                  /* owner and group */
 }
@@ -102,8 +105,9 @@ static void on_flush_timer(uv_timer_t *t)
         free(w);
 }
 
-/* The end of a stop: everything a request could still post has been
- * delivered; close the last handles, and the loop ends by itself. */
+/* The end of a stop: every serving loop has ended, so everything a
+ * request could still post has been delivered; close the last handles,
+ * and the main loop ends by itself. */
 static void finish_stop(kw__daemon *d)
 {
     d->stopped = true;
@@ -113,14 +117,18 @@ static void finish_stop(kw__daemon *d)
     kw__metrics_stop(d);    /* its handler reads warm and the cache */
     kw_warm_close(d->warm); /* every job got its last result */
     d->warm = NULL;
-    uv_close((uv_handle_t *)&d->outbox, NULL);
+    uv_close((uv_handle_t *)&d->loop_done, NULL);
     uv_close((uv_handle_t *)&d->stop_timer, NULL);
 }
 
-void kw__daemon_check_stop(kw__daemon *d)
+/* A serving loop ended; the last one finishes the stop. */
+static void on_loop_done(uv_async_t *h)
 {
-    if (d->stopping && !d->stopped && d->nreqs == 0 && d->nconns == 0)
+    kw__daemon *d = h->data;
+    pthread_mutex_lock(&d->done_mu);
+    if (d->nloops_done == d->nloops && d->stopping && !d->stopped)
         finish_stop(d);
+    pthread_mutex_unlock(&d->done_mu);
 }
 
 /* The grace period is over: close what is still open.  Requests under way
@@ -129,9 +137,8 @@ static void on_stop_timer(uv_timer_t *t)
 {
     kw__daemon *d = t->data;
     KW_LOG(KW_LOG_WARNING, "stop: %zu connections still open after %d ms; "
-           "closing them", d->nconns, KW__STOP_GRACE_MS);
-    while (d->conns != NULL)
-        kw__conn_close(d->conns);
+           "closing them", (size_t)d->nconns, KW__STOP_GRACE_MS);
+    kw__loops_tell(d, true);
 }
 
 /* SIGTERM/SIGINT: stop accepting, cancel every key not yet compiled (the
@@ -151,17 +158,10 @@ static void on_signal(uv_signal_t *s, int signum)
     uv_close((uv_handle_t *)&d->sigterm, NULL);
     uv_close((uv_handle_t *)&d->sigint, NULL);
     uv_close((uv_handle_t *)&d->flush_timer, NULL);
-    uv_close((uv_handle_t *)&d->held_timer, NULL);
-    uv_close((uv_handle_t *)&d->resume, NULL);
     kw_warm_cancel(d->warm);
     kw__jobs_cancel(d);
     uv_timer_start(&d->stop_timer, on_stop_timer, KW__STOP_GRACE_MS, 0);
-    for (kw__conn *c = d->conns, *next; c != NULL; c = next) {
-        next = c->next;
-        if (c->active == NULL)
-            kw__conn_close(c);
-    }
-    kw__daemon_check_stop(d);
+    kw__loops_tell(d, false); /* each ends once its requests are over */
 }
 
 /* Opens the fleet tier of --remote (warm/remote.c checks the key file,
@@ -232,24 +232,25 @@ static int start(kw__daemon *d, char *err, size_t errlen)
         snprintf(err, errlen, "miss audit: %s", kw_strerror(rc));
     if (rc == 0)
         rc = open_warm(d, err, errlen);
-    if (rc == 0 && (rc = kw__daemon_outbox_init(d)) < 0)
-        snprintf(err, errlen, "outbox: %s", uv_strerror(rc));
+    if (rc == 0 && (rc = uv_async_init(&d->loop, &d->loop_done,
+                                       on_loop_done)) < 0)
+        snprintf(err, errlen, "uv_async_init: %s", uv_strerror(rc));
+    d->loop_done.data = d;
     if (rc == 0 && (rc = kw__jobs_start(d)) < 0)
         snprintf(err, errlen, "job threads: %s", strerror(-rc));
     if (rc == 0) /* before the socket: a failure leaves no socket file */
         rc = kw__metrics_start(d, err, errlen);
     if (rc == 0)
+        rc = kw__loops_start(d, err, errlen);
+    if (rc == 0)
         rc = kw__daemon_listen(d, err, errlen);
     if (rc < 0)
         return rc;
-    kw__daemon_backlog_init(d);
     uv_signal_init(&d->loop, &d->sigterm);
     uv_signal_init(&d->loop, &d->sigint);
     uv_timer_init(&d->loop, &d->flush_timer);
     uv_timer_init(&d->loop, &d->stop_timer);
-    uv_timer_init(&d->loop, &d->held_timer);
     d->sigterm.data = d->sigint.data = d->flush_timer.data = d;
-    d->held_timer.data = d;
     d->stop_timer.data = d;
     uv_signal_start(&d->sigterm, on_signal, SIGTERM);
     uv_signal_start(&d->sigint, on_signal, SIGINT);
@@ -260,14 +261,13 @@ static int start(kw__daemon *d, char *err, size_t errlen)
 /* Releases what a failed start left open, running the loop to close it. */
 static void abort_start(kw__daemon *d)
 {
+    kw__loops_join(d, true); /* no connection yet: they end at once */
     kw__metrics_stop(d);
     kw__jobs_stop(d);
     kw_warm_close(d->warm);
     d->warm = NULL;
-    if (d->outbox.type != UV_UNKNOWN_HANDLE) {
-        uv_close((uv_handle_t *)&d->outbox, NULL);
-        pthread_mutex_destroy(&d->out_mu);
-    }
+    if (d->loop_done.type != UV_UNKNOWN_HANDLE)
+        uv_close((uv_handle_t *)&d->loop_done, NULL);
     if (d->listener.type != UV_UNKNOWN_HANDLE)
         uv_close((uv_handle_t *)&d->listener, NULL);
     uv_run(&d->loop, UV_RUN_DEFAULT);
@@ -291,7 +291,8 @@ static void raise_fd_limit(unsigned max_connections)
 
 int kw_daemon_run(const kw_daemon_opts *o, char *err, size_t errlen)
 {
-    kw__daemon d = {.opts = o, .lock_fd = -1, .remote_down = -1};
+    kw__daemon d = {.opts = o, .lock_fd = -1, .remote_down = -1,
+                    .done_mu = PTHREAD_MUTEX_INITIALIZER};
     snprintf(d.version, sizeof d.version, "%s", KW_VERSION);
     d.test_peercred_fail = getenv("KWARMD_TEST_PEERCRED_FAIL") != NULL;
     kw__alloc_hook_init();
@@ -310,6 +311,7 @@ int kw_daemon_run(const kw_daemon_opts *o, char *err, size_t errlen)
                d.remote ? ", fleet tier " : "", d.remote ? o->remote_url : "");
         sd_notifyf(0, "READY=1\nSTATUS=serving %s", o->socket_path);
         uv_run(&d.loop, UV_RUN_DEFAULT);
+        kw__loops_join(&d, false); /* each has ended: the stop waited */
         if (d.bound) /* ours to remove; systemd's socket is systemd's */
             unlink(o->socket_path);
         uv_update_time(&d.loop);

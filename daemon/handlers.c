@@ -55,7 +55,7 @@ static kw__req *req_new(kw__conn *c, uint16_t type, const cJSON *hdr)
     r->refused_full = c->d->refused_full;
     r->uid = c->uid;
     r->pid = c->pid;
-    c->d->nreqs++;
+    c->l->nreqs++;
     kw__conn_begin(c, r);
     return r;
 }
@@ -63,6 +63,7 @@ static kw__req *req_new(kw__conn *c, uint16_t type, const cJSON *hdr)
 void kw__daemon_request_end(kw__req *r)
 {
     kw__conn *c = r->conn;
+    kw__loop *l = c->l; /* c may be freed below */
     kw__daemon *d = r->d;
     kw__metrics_request(d, r->type, !r->failed);
     if (r->type == KW_PROTO_GET)
@@ -73,10 +74,10 @@ void kw__daemon_request_end(kw__req *r)
     cJSON_Delete(r->batch);
     free(r->log);
     free(r);
-    d->nreqs--;
+    l->nreqs--;
     kw__conn_request_done(c);
     kw__conn_unref(c);
-    kw__daemon_check_stop(d);
+    kw__loop_check_stop(l);
 }
 
 void kw__daemon_request_abort(kw__req *r)
@@ -139,38 +140,59 @@ static bool handle_ping(kw__conn *c)
 
 /* ---- get -------------------------------------------------------------- */
 
-/* Answers a get from the cache: RESULT {digest, family, arch, entry, size,
- * compiled} with the cubin as payload, written from the cache's map
- * (kw__conn_send_view), or an ERROR (KW_ENOTFOUND...; a miss is left
- * unanswered when !report_miss).  The cache never writes on this path
- * (defer_writes): a corrupt entry is queued for the next flush.  Returns
- * the get's code. */
+/* The RESULT header of a get: {digest, family, arch, entry, size,
+ * compiled}, encoded as the prefix of a frame of size payload bytes. */
+static int encode_get(const uint8_t *digest, const kw_cache_info *info,
+                      size_t size, bool compiled, uint8_t **frame, size_t *len)
+{
+    char hex[KW_KEYS_HEX_LEN];
+    kw_keys_hex(digest, hex);
+    cJSON *h = cJSON_CreateObject();
+    int rc = KW_ENOMEM;
+    if (h != NULL && cJSON_AddStringToObject(h, "digest", hex) &&
+        cJSON_AddStringToObject(h, "family", info->family) &&
+        cJSON_AddStringToObject(h, "arch", info->arch) &&
+        cJSON_AddStringToObject(h, "entry", info->entry) &&
+        cJSON_AddNumberToObject(h, "size", (double)size) &&
+        cJSON_AddBoolToObject(h, "compiled", compiled))
+        rc = kw_proto_encode_prefix(KW_PROTO_RESULT, h, size, frame, len);
+    cJSON_Delete(h);
+    return rc;
+}
+
+/* Answers a get from the cache: RESULT with the cubin as payload, written
+ * from the cache's map (kw__conn_send_view_frame; a hit's header comes
+ * from the loop's table when it was made before), or an ERROR
+ * (KW_ENOTFOUND...; a miss is left unanswered when !report_miss).  The
+ * cache never writes on this path (defer_writes): a corrupt entry is
+ * queued for the next flush.  Returns the get's code. */
 static int get_reply(kw__conn *c, const uint8_t *digest, bool compiled,
                      bool report_miss)
 {
     kw_cache_view v;
     kw_cache_info info;
-    char hex[KW_KEYS_HEX_LEN];
     int rc = kw_cache_borrow(c->d->cache, digest, &v, &info);
     if (rc < 0) {
         if (report_miss || (rc != KW_ENOTFOUND && rc != KW_ECORRUPT))
             kw__conn_error(c, rc, NULL, false);
         return rc;
     }
-    kw_keys_hex(digest, hex);
-    cJSON *h = cJSON_CreateObject();
-    if (h == NULL || !cJSON_AddStringToObject(h, "digest", hex) ||
-        !cJSON_AddStringToObject(h, "family", info.family) ||
-        !cJSON_AddStringToObject(h, "arch", info.arch) ||
-        !cJSON_AddStringToObject(h, "entry", info.entry) ||
-        !cJSON_AddNumberToObject(h, "size", (double)v.len) ||
-        !cJSON_AddBoolToObject(h, "compiled", compiled)) {
-        kw_cache_release(&v);
-        kw__conn_error(c, KW_ENOMEM, NULL, false);
-    } else {
-        kw__conn_send_view(c, KW_PROTO_RESULT, h, &v); /* takes v */
+    size_t len = 0;
+    const uint8_t *memo = compiled ? NULL
+                                   : kw__hits_get(c->l, digest, &info, v.len, &len);
+    if (memo != NULL) {
+        kw__conn_send_view_frame(c, memo, len, false, &v); /* takes v */
+        return 0;
     }
-    cJSON_Delete(h);
+    uint8_t *frame = NULL;
+    if ((rc = encode_get(digest, &info, v.len, compiled, &frame, &len)) < 0) {
+        kw_cache_release(&v);
+        kw__conn_error(c, rc, NULL, false);
+        return 0;
+    }
+    if (!compiled)
+        kw__hits_put(c->l, digest, &info, v.len, frame, len);
+    kw__conn_send_view_frame(c, frame, len, true, &v); /* takes v, frame */
     return 0;
 }
 

@@ -30,6 +30,8 @@
 
 typedef struct kw__conn kw__conn;
 typedef struct kw__req kw__req;
+typedef struct kw__loop kw__loop;
+typedef struct kw__hits kw__hits;
 struct write_req; /* server.c's */
 
 /* ---- the miss audit (audit.c) ---- */
@@ -85,26 +87,62 @@ typedef struct kw__out {
     void (*on_loop)(kw__req *r);
 } kw__out;
 
-/* The daemon: everything lives here and travels by pointer (no globals).
- * Loop thread only, except what warm, the cache, the outbox and the job
- * queue guard themselves. */
-typedef struct kw__daemon {
-    const kw_daemon_opts *opts;
+/* A loop thread that serves connections (--loops of them, loops.c).  The
+ * main loop accepts each peer and hands its socket to the loops in turn;
+ * from then on the connection, its requests and its writes live on that
+ * loop alone.  Loop thread only, except what mu and out_mu guard. */
+struct kw__loop {
+    struct kw__daemon *d;
     uv_loop_t loop;
-    uv_pipe_t listener;
-    uv_signal_t sigterm, sigint;
-    uv_timer_t flush_timer;
+    pthread_t thread;
+    bool running;       /* the thread was started (joined at the end) */
+    /* wake: the main loop's requests.  mu guards fds, nfds, fds_cap,
+     * want_stop, want_close and closed (wake is not sent once closed). */
+    uv_async_t wake;
+    pthread_mutex_t mu;
+    int *fds;           /* accepted sockets to take */
+    size_t nfds, fds_cap;
+    bool want_stop, want_close, closed;
     uv_idle_t resume;   /* runs connections whose buffer still holds frames */
     kw__conn *backlog;  /* those connections, linked through next_backlog */
-    kw_cache *cache;
-    kw_remote *remote; /* fleet tier, or NULL; thread-safe itself */
-    kw_warm *warm;     /* the warm pipeline; thread-safe itself */
-    kw__audit audit;   /* gets that missed; thread-safe itself */
     /* The outbox: frames from job and warm threads.  out_mu guards
      * out_head/out_tail; outbox wakes the loop, which drains it whole. */
     uv_async_t outbox;
     pthread_mutex_t out_mu;
     kw__out *out_head, *out_tail;
+    /* Replies written straight from the cache's map, each holding a read
+     * transaction until its write ends (server.c): oldest first, at most
+     * --max-held-reads over all loops, none older than
+     * --held-read-timeout (held_timer closes the connection of one that
+     * is). */
+    uv_timer_t held_timer;
+    struct write_req *held_head, *held_tail;
+    _Atomic size_t nheld;
+    kw__hits *hits;     /* reply headers of recent hits (hits.c), or NULL */
+    kw__conn *conns;    /* this loop's open connections */
+    size_t nreqs;       /* requests on them not yet over */
+    bool stopping;      /* told to stop: serve what is under way, then end */
+    bool done;          /* its handles are closing: the loop ends */
+};
+
+/* The daemon: everything shared lives here and travels by pointer (no
+ * globals).  The main loop's fields are its thread's alone; the rest is
+ * guarded by warm, the cache, the job queue, or is _Atomic. */
+typedef struct kw__daemon {
+    const kw_daemon_opts *opts;
+    uv_loop_t loop;     /* the main loop: listener, signals, timers */
+    uv_pipe_t listener;
+    uv_signal_t sigterm, sigint;
+    uv_timer_t flush_timer;
+    kw__loop *loops;    /* --loops serving loops */
+    unsigned nloops, next_loop;
+    uv_async_t loop_done; /* a serving loop ended (after a stop) */
+    pthread_mutex_t done_mu; /* guards nloops_done, and loop_done's closing */
+    unsigned nloops_done;
+    kw_cache *cache;
+    kw_remote *remote; /* fleet tier, or NULL; thread-safe itself */
+    kw_warm *warm;     /* the warm pipeline; thread-safe itself */
+    kw__audit audit;   /* gets that missed; thread-safe itself */
     /* Job threads (jobs.c).  job_mu guards job_head/tail, jobs_stopping. */
     pthread_t job_threads[KW__JOB_THREADS];
     unsigned njob_threads;
@@ -113,25 +151,18 @@ typedef struct kw__daemon {
     kw__req *job_head, *job_tail;
     bool jobs_stopping;
     uv_timer_t stop_timer; /* the SIGTERM grace period */
-    size_t nreqs;          /* requests not yet over (loop thread) */
     uint64_t stop_at;      /* uv_now() of the signal */
     bool stopped;          /* the final close ran */
     bool test_peercred_fail; /* KWARMD_TEST_PEERCRED_FAIL: tests only */
-    bool warned_max_conn;  /* the connection cap was logged, not yet cleared */
+    _Atomic bool warned_max_conn; /* the connection cap was logged, not
+                                     yet cleared */
     int remote_down;       /* the fleet tier's state last logged; -1: none */
     _Atomic uint64_t refused_full; /* connections refused for the cap */
-    /* Replies written straight from the cache's map, each holding a read
-     * transaction until its write ends (server.c): oldest first, at most
-     * --max-held-reads, none older than --held-read-timeout (held_timer
-     * closes the connection of one that is). */
-    uv_timer_t held_timer;
-    struct write_req *held_head, *held_tail;
-    _Atomic size_t nheld;
-    _Atomic uint64_t held_expired; /* connections closed for it */
+    _Atomic size_t nheld;          /* held reads over all loops */
+    _Atomic uint64_t held_expired; /* connections closed for one */
     _Atomic uint64_t held_copied;  /* replies copied out: the cap was full */
-    kw__conn *conns; /* every open connection */
-    _Atomic size_t nconns; /* _Atomic: read by the metrics thread */
-    bool stopping;
+    _Atomic size_t nconns; /* open connections over all loops */
+    bool stopping;         /* the main loop's: a signal came */
     bool listening;
     bool bound; /* we created the socket file (not systemd) */
     int lock_fd; /* <cache>/kwarmd.lock, write-locked while we run */
@@ -212,6 +243,7 @@ struct kw__conn {
     uv_pipe_t pipe; /* first: the handle's data is this conn */
     uv_timer_t idle;
     kw__daemon *d;
+    kw__loop *l;    /* the loop that serves it */
     kw__conn *next, *prev;
     uint8_t *buf; /* bytes received, not yet parsed; cap KW_PROTO_MAX_REQUEST */
     size_t len;
@@ -257,10 +289,10 @@ extern _Thread_local bool kw__alloc_fail;
 extern uint16_t kw__alloc_fail_type;
 void kw__alloc_hook_init(void);
 
-/* Job threads (jobs.c): start; queue a request (its handler runs there);
- * cancel (requests still queued are answered "kwarmd is stopping", without
- * waiting); stop (cancel, then join: every request taken has posted its
- * end by then). */
+/* Job threads (jobs.c): start; queue a request (its handler runs there;
+ * once cancelled, it is answered "kwarmd is stopping" at once); cancel
+ * (requests still queued are answered so, without waiting); stop (cancel,
+ * then join: every request taken has posted its end by then). */
 int kw__jobs_start(kw__daemon *d);
 void kw__jobs_push(kw__daemon *d, kw__req *r);
 void kw__jobs_cancel(kw__daemon *d);
@@ -272,16 +304,29 @@ void kw__daemon_run_job(kw__req *r);
 /* Answers r with the daemon is stopping, from a job thread. */
 void kw__daemon_refuse_job(kw__req *r);
 
-/* Called on the loop thread when a request ended or a connection closed,
- * to finish a stop once nothing is left (daemon.c). */
-void kw__daemon_check_stop(kw__daemon *d);
+/* Called on a serving loop when a request ended or a connection closed,
+ * to end that loop once it is stopping and nothing is left (loops.c). */
+void kw__loop_check_stop(kw__loop *l);
 
-/* Initialises the outbox (server.c). */
-int kw__daemon_outbox_init(kw__daemon *d);
+/* Starts the --loops serving loops (threads); 0 or a code with err. */
+int kw__loops_start(kw__daemon *d, char *err, size_t errlen);
+/* Hands an accepted socket to the next loop (main loop). */
+void kw__loops_hand(kw__daemon *d, int fd);
+/* Tells every loop to stop (close_all: to close every connection now). */
+void kw__loops_tell(kw__daemon *d, bool close_all);
+/* Joins the loop threads and closes their loops (after a stop, or to undo
+ * a failed start: close_first tells them to stop). */
+void kw__loops_join(kw__daemon *d, bool close_first);
+/* Takes the accepted socket fd on loop l (listen.c): credentials, the
+ * allowlist, the connection cap, then serving. */
+void kw__loop_take(kw__loop *l, int fd);
 
-/* A new connection of d (handles initialised, not yet accepted into),
- * counted in d->nconns; NULL when out of memory. */
-kw__conn *kw__conn_new(kw__daemon *d);
+/* Initialises l's outbox (listen.c). */
+int kw__loop_outbox_init(kw__loop *l);
+
+/* A new connection of loop l (handles initialised, socket not yet
+ * opened), counted in d->nconns; NULL when out of memory. */
+kw__conn *kw__conn_new(kw__loop *l);
 
 /* Starts serving an accepted c: its idle timer (idle_ms) and reading. */
 void kw__conn_start(kw__conn *c, unsigned idle_ms);
@@ -309,11 +354,13 @@ void kw__conn_send_owned(kw__conn *c, uint16_t type, const cJSON *header,
 /* A reply buffer of at least min bytes: c's spare one when big enough,
  * else a new allocation; *cap gets its size.  NULL when out of memory. */
 void *kw__conn_take_buffer(kw__conn *c, size_t min, size_t *cap);
-/* Sends a frame of type with header h whose payload is v's bytes, written
- * from the cache's map without a copy; takes v (released once written, or
- * at once when the socket takes the whole frame).  See held_timer. */
-void kw__conn_send_view(kw__conn *c, uint16_t type, const cJSON *header,
-                        kw_cache_view *v);
+/* Sends a frame whose prefix (head and JSON header, len bytes) is frame
+ * and whose payload is v's bytes, written from the cache's map without a
+ * copy; takes v (released once written, or at once when the socket takes
+ * the whole frame; see held_timer) and, when owned, frame (else it is
+ * copied if the reply must wait). */
+void kw__conn_send_view_frame(kw__conn *c, const uint8_t *frame, size_t len,
+                              bool owned, kw_cache_view *v);
 /* held_timer's callback (server.c). */
 void kw__held_check(uv_timer_t *t);
 
@@ -337,8 +384,18 @@ void kw__conn_unref(kw__conn *c);
  * c->active and answers later, calling kw__conn_request_done(). */
 void kw__daemon_dispatch(kw__conn *c, const kw_msg *m);
 
-/* Initialises the backlog machinery (a uv_idle_t) of d. */
-void kw__daemon_backlog_init(kw__daemon *d);
+/* The encoded reply header of a hit on the entry digest with metadata
+ * info and size bytes, when l made one before (NULL: none; *len its
+ * length); put keeps a copy of one; free drops them all (hits.c). */
+const uint8_t *kw__hits_get(kw__loop *l, const uint8_t *digest,
+                            const kw_cache_info *info, uint64_t size,
+                            size_t *len);
+void kw__hits_put(kw__loop *l, const uint8_t *digest, const kw_cache_info *info,
+                  uint64_t size, const uint8_t *frame, size_t len);
+void kw__hits_free(kw__loop *l);
+
+/* Initialises the backlog machinery (a uv_idle_t) of loop l. */
+void kw__loop_backlog_init(kw__loop *l);
 
 /* Starts listening: the systemd socket or a new one at opts->socket_path. */
 int kw__daemon_listen(kw__daemon *d, char *err, size_t errlen);

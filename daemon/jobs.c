@@ -144,6 +144,13 @@ int kw__jobs_start(kw__daemon *d)
 void kw__jobs_push(kw__daemon *d, kw__req *r)
 {
     pthread_mutex_lock(&d->job_mu);
+    if (d->jobs_stopping) {
+        /* A serving loop may dispatch a request between the signal and
+         * its own stop; the job threads may have left already. */
+        pthread_mutex_unlock(&d->job_mu);
+        kw__daemon_refuse_job(r);
+        return;
+    }
     r->next = NULL;
     if (d->job_tail != NULL)
         d->job_tail->next = r;

@@ -33,6 +33,8 @@ typedef struct kw_daemon_opts {
     uint64_t max_output;       /* reply bytes queued per connection before
                                   kwarmd stops reading it (16 MiB) */
     unsigned max_connections;  /* open connections; the next is refused */
+    unsigned loops;            /* threads serving connections (a quarter
+                                  of the cores, 1 to 8) */
     unsigned max_held_reads;   /* replies written from the cache's map that
                                   may hold a read snapshot at once (64);
                                   past it a reply's unsent rest is copied */

@@ -1,6 +1,7 @@
-/* listen.c: the listening socket, accepting peers (their credentials,
- * the allowlist, the connection cap), and the outbox that brings frames
- * made on other threads to the loop.
+/* listen.c: the listening socket, accepting peers on the main loop,
+ * taking them on a serving loop (their credentials, the allowlist, the
+ * connection cap), and the outbox that brings frames made on other
+ * threads to a serving loop.
  *
  * _GNU_SOURCE: struct ucred and SO_PEERCRED (Linux) to learn each peer's
  * uid and gid at accept.
@@ -9,6 +10,7 @@
 #include "internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,16 +71,21 @@ static int peer_creds(kw__conn *c)
     return 0;
 }
 
-/* Accepts the pending connection; false when it could not be set up. */
-static bool accept_one(kw__daemon *d)
+/* Takes the accepted socket fd on loop l: credentials, the allowlist and
+ * the connection cap, then serving.  A refused peer reads why. */
+void kw__loop_take(kw__loop *l, int fd)
 {
-    kw__conn *c = kw__conn_new(d);
+    kw__daemon *d = l->d;
+    kw__conn *c = l->stopping ? NULL : kw__conn_new(l);
     char msg[128];
-    if (c == NULL)
-        return false;
-    if (uv_accept((uv_stream_t *)&d->listener, (uv_stream_t *)&c->pipe) < 0) {
+    if (c == NULL) {
+        close(fd);
+        return;
+    }
+    if (uv_pipe_open(&c->pipe, fd) < 0) {
+        close(fd);
         kw__conn_close(c);
-        return false;
+        return;
     }
     int rc = peer_creds(c);
     if (rc < 0 || !peer_allowed(d, c->uid, c->gid)) {
@@ -92,56 +99,74 @@ static bool accept_one(kw__daemon *d)
         d->refused++;
         kw__conn_refuse(c, -EACCES, msg);
         kw__conn_start(c, REFUSE_DRAIN_MS);
-        return true;
+        return;
     }
     if (d->nconns > d->opts->max_connections) {
         snprintf(msg, sizeof msg, "too many connections (%u)",
                  d->opts->max_connections);
-        if (!d->warned_max_conn)
+        if (!atomic_exchange(&d->warned_max_conn, true))
             KW_LOG(KW_LOG_WARNING, "refusing clients: %s", msg);
-        d->warned_max_conn = true;
         d->refused_full++;
         kw__conn_refuse(c, -EMFILE, msg);
         kw__conn_start(c, REFUSE_DRAIN_MS);
-        return true;
+        return;
     }
     d->warned_max_conn = false;
     kw__conn_start(c, d->opts->idle_timeout_ms);
-    return true;
 }
 
-static void on_connection(uv_stream_t *l, int status)
+static void free_handle(uv_handle_t *h)
 {
-    kw__daemon *d = l->data;
+    free(h);
+}
+
+/* Accepts the pending connection on the main loop and hands a duplicate
+ * of its socket to a serving loop (libuv lets a handle live on one loop
+ * only); the main loop's handle is closed. */
+static void on_connection(uv_stream_t *server, int status)
+{
+    kw__daemon *d = server->data;
     if (status < 0 || d->stopping)
         return;
     /* libuv hands over one accepted socket per callback (uv_accept may be
      * called once), so the per-event work is bounded already. */
-    accept_one(d);
+    uv_pipe_t *p = malloc(sizeof *p);
+    uv_os_fd_t fd = -1;
+    if (p == NULL)
+        return;
+    uv_pipe_init(&d->loop, p, 0);
+    if (uv_accept(server, (uv_stream_t *)p) == 0 &&
+        uv_fileno((uv_handle_t *)p, &fd) == 0)
+        fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    uv_close((uv_handle_t *)p, free_handle);
+    if (fd >= 0)
+        kw__loops_hand(d, fd);
 }
 
 /* ---- the outbox: frames from job and warm threads -------------------- */
 
 void kw__daemon_post(kw__daemon *d, kw__out *o)
 {
+    kw__loop *l = kw__req_conn(o->req)->l;
+    (void)d;
     o->next = NULL;
-    pthread_mutex_lock(&d->out_mu);
-    if (d->out_tail != NULL)
-        d->out_tail->next = o;
+    pthread_mutex_lock(&l->out_mu);
+    if (l->out_tail != NULL)
+        l->out_tail->next = o;
     else
-        d->out_head = o;
-    d->out_tail = o;
-    pthread_mutex_unlock(&d->out_mu);
-    uv_async_send(&d->outbox);
+        l->out_head = o;
+    l->out_tail = o;
+    pthread_mutex_unlock(&l->out_mu);
+    uv_async_send(&l->outbox);
 }
 
 /* Sends or drops one posted item, then ends its request when done.  While
  * stopping, the connection closes after a request's last frame. */
-static void deliver(kw__daemon *d, kw__out *o)
+static void deliver(kw__loop *l, kw__out *o)
 {
     kw__req *r = o->req;
     kw__conn *c = kw__req_conn(r);
-    bool close_after = o->done && d->stopping;
+    bool close_after = o->done && l->stopping;
     if (o->on_loop != NULL)
         o->on_loop(r);
     if (o->frame != NULL && !c->closing)
@@ -158,24 +183,24 @@ static void deliver(kw__daemon *d, kw__out *o)
 /* The outbox's async callback: drains the whole queue (sends coalesce). */
 static void on_outbox(uv_async_t *h)
 {
-    kw__daemon *d = h->data;
-    pthread_mutex_lock(&d->out_mu);
-    kw__out *list = d->out_head;
-    d->out_head = d->out_tail = NULL;
-    pthread_mutex_unlock(&d->out_mu);
+    kw__loop *l = h->data;
+    pthread_mutex_lock(&l->out_mu);
+    kw__out *list = l->out_head;
+    l->out_head = l->out_tail = NULL;
+    pthread_mutex_unlock(&l->out_mu);
     while (list != NULL) {
         kw__out *next = list->next;
-        deliver(d, list);
+        deliver(l, list);
         list = next;
     }
 }
 
-int kw__daemon_outbox_init(kw__daemon *d)
+int kw__loop_outbox_init(kw__loop *l)
 {
-    int rc = -pthread_mutex_init(&d->out_mu, NULL);
-    if (rc == 0 && (rc = uv_async_init(&d->loop, &d->outbox, on_outbox)) < 0)
-        pthread_mutex_destroy(&d->out_mu);
-    d->outbox.data = d;
+    int rc = -pthread_mutex_init(&l->out_mu, NULL);
+    if (rc == 0 && (rc = uv_async_init(&l->loop, &l->outbox, on_outbox)) < 0)
+        pthread_mutex_destroy(&l->out_mu);
+    l->outbox.data = l;
     return rc;
 }
 

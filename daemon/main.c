@@ -25,6 +25,7 @@
 
 static const char usage[] =
     "usage: kwarmd [--socket PATH] [--cache DIR] [--jobs N] [--max-size SIZE]\n"
+    "              [--loops N]\n"
     "              [--compile-timeout S] [--compile-memory SIZE]\n"
     "              [--compile-helper PATH]\n"
     "              [--max-output SIZE] [--max-connections N] [--deny-root]\n"
@@ -44,6 +45,8 @@ static const char usage[] =
     "                      for a non-root user); created mode 0660\n"
     "  --cache DIR         LMDB cache on local disk (/var/cache/kwarm)\n"
     "  --jobs N            compile worker processes (the cores)\n"
+    "  --loops N           threads serving connections, each with its own\n"
+    "                      libuv loop (a quarter of the cores, 1 to 8)\n"
     "  --compile-timeout S a compile running longer is killed and fails (120)\n"
     "  --compile-memory SIZE  address space of a compile worker; past it the\n"
     "                      compile fails (4G)\n"
@@ -265,6 +268,17 @@ static int set_max_output(kw_daemon_opts *o, const char *v)
     return rc;
 }
 
+static int set_loops(kw_daemon_opts *o, const char *v)
+{
+    uint64_t n;
+    int rc = kw_parse_u64(v, 64, &n);
+    if (rc == 0 && n == 0)
+        rc = KW_EINVAL;
+    if (rc == 0)
+        o->loops = (unsigned)n;
+    return rc;
+}
+
 static int set_max_held(kw_daemon_opts *o, const char *v)
 {
     uint64_t n;
@@ -336,6 +350,7 @@ static const struct option_def {
     {"socket", set_socket, "a path shorter than 108 bytes"},
     {"cache", set_cache, "a directory path"},
     {"jobs", set_jobs, "an integer in [1, 256]"},
+    {"loops", set_loops, "an integer in [1, 64]"},
     {"compile-timeout", set_compile_timeout, "seconds in [1, 86400]"},
     {"compile-memory", set_compile_memory, "a size of at least 64M (bytes, or K/M/G)"},
     {"compile-helper", set_compile_helper, "a file path"},

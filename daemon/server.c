@@ -79,26 +79,26 @@ void kw__conn_close(kw__conn *c)
     if (c->closing)
         return;
     c->closing = true;
-    kw__daemon *d = c->d;
+    kw__loop *l = c->l;
     if (c->prev)
         c->prev->next = c->next;
     else
-        d->conns = c->next;
+        l->conns = c->next;
     if (c->next)
         c->next->prev = c->prev;
-    d->nconns--;
+    c->d->nconns--;
     if (c->active != NULL)
         kw__daemon_request_abort(c->active);
     uv_close((uv_handle_t *)&c->idle, on_handle_closed);
     uv_close((uv_handle_t *)&c->pipe, on_handle_closed);
-    kw__daemon_check_stop(d);
+    kw__loop_check_stop(l);
 }
 
 /* Reads when nothing holds it back: no request under way, the output
  * queue under its cap, not closing.  A refused connection only drains. */
 static void update_reading(kw__conn *c)
 {
-    bool want = !c->closing && !c->d->stopping &&
+    bool want = !c->closing && !c->l->stopping &&
                 (c->refusing || (c->active == NULL && !c->throttled));
     if (want && !c->reading)
         uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read);
@@ -109,34 +109,36 @@ static void update_reading(kw__conn *c)
 
 /* ---- held reads: replies written from the cache's map --------------- */
 
-static void held_link(kw__daemon *d, write_req *w)
+static void held_link(kw__loop *l, write_req *w)
 {
-    w->held_at = uv_now(&d->loop);
-    w->hprev = d->held_tail;
-    if (d->held_tail)
-        d->held_tail->hnext = w;
+    w->held_at = uv_now(&l->loop);
+    w->hprev = l->held_tail;
+    if (l->held_tail)
+        l->held_tail->hnext = w;
     else
-        d->held_head = w;
-    d->held_tail = w;
-    if (d->nheld++ == 0 && !d->stopping) {
-        uint64_t every = d->opts->held_read_timeout_ms / 4;
-        uv_timer_start(&d->held_timer, kw__held_check, every ? every : 1,
+        l->held_head = w;
+    l->held_tail = w;
+    l->d->nheld++;
+    if (l->nheld++ == 0 && !l->done) {
+        uint64_t every = l->d->opts->held_read_timeout_ms / 4;
+        uv_timer_start(&l->held_timer, kw__held_check, every ? every : 1,
                        every ? every : 1);
     }
 }
 
-static void held_unlink(kw__daemon *d, write_req *w)
+static void held_unlink(kw__loop *l, write_req *w)
 {
     if (w->hprev)
         w->hprev->hnext = w->hnext;
     else
-        d->held_head = w->hnext;
+        l->held_head = w->hnext;
     if (w->hnext)
         w->hnext->hprev = w->hprev;
     else
-        d->held_tail = w->hprev;
-    if (--d->nheld == 0 && !d->stopping)
-        uv_timer_stop(&d->held_timer);
+        l->held_tail = w->hprev;
+    l->d->nheld--;
+    if (--l->nheld == 0 && !l->done)
+        uv_timer_stop(&l->held_timer);
 }
 
 /* The held-read timer: a connection whose reply has held a snapshot for
@@ -144,9 +146,10 @@ static void held_unlink(kw__daemon *d, write_req *w)
  * the snapshot.  The list is oldest first. */
 void kw__held_check(uv_timer_t *t)
 {
-    kw__daemon *d = t->data;
-    uint64_t now = uv_now(&d->loop), limit = d->opts->held_read_timeout_ms;
-    for (write_req *w = d->held_head; w && now - w->held_at >= limit;
+    kw__loop *l = t->data;
+    kw__daemon *d = l->d;
+    uint64_t now = uv_now(&l->loop), limit = d->opts->held_read_timeout_ms;
+    for (write_req *w = l->held_head; w && now - w->held_at >= limit;
          w = w->hnext) {
         kw__conn *c = w->conn;
         if (c->closing)
@@ -163,7 +166,7 @@ void kw__held_check(uv_timer_t *t)
 static void write_free(write_req *w)
 {
     if (w->view.data != NULL) {
-        held_unlink(w->conn->d, w);
+        held_unlink(w->conn->l, w);
         kw_cache_release(&w->view);
     }
     free(w->payload);
@@ -176,7 +179,7 @@ static void on_written(uv_write_t *req, int status)
     write_req *w = (write_req *)req;
     kw__conn *c = w->conn;
     c->queued -= w->bytes;
-    c->progress_at = uv_now(&c->d->loop);
+    c->progress_at = uv_now(&c->l->loop);
     if (status < 0 || w->close_after)
         kw__conn_close(c);
     /* Keep one payload buffer for the connection's next reply: gets of
@@ -208,7 +211,7 @@ static void queue_write(kw__conn *c, write_req *w, const uv_buf_t *b,
         return;
     }
     if (c->queued == 0)
-        c->progress_at = uv_now(&c->d->loop); /* the clock starts now */
+        c->progress_at = uv_now(&c->l->loop); /* the clock starts now */
     c->queued += w->bytes;
     if (!c->throttled && c->queued > c->d->opts->max_output) {
         c->throttled = true;
@@ -268,7 +271,7 @@ static void queue_view(kw__conn *c, write_req *w, size_t done, size_t len,
     size_t rest_len = v->len - off;
     if (hold && d->nheld < d->opts->max_held_reads) {
         w->view = *v;
-        held_link(d, w);
+        held_link(c->l, w);
     } else if ((w->payload = kw__conn_take_buffer(c, rest_len,
                                                   &w->payload_cap)) != NULL) {
         memcpy(w->payload, rest, rest_len);
@@ -286,31 +289,30 @@ static void queue_view(kw__conn *c, write_req *w, size_t done, size_t len,
     queue_write(c, w, b, nb);
 }
 
-void kw__conn_send_view(kw__conn *c, uint16_t type, const cJSON *header,
-                        kw_cache_view *v)
+void kw__conn_send_view_frame(kw__conn *c, const uint8_t *frame, size_t len,
+                              bool owned, kw_cache_view *v)
 {
-    uint8_t *frame = NULL;
-    size_t len = 0;
-    int rc = kw_proto_encode_prefix(type, header, v->len, &frame, &len);
-    if (rc < 0) {
-        kw_cache_release(v);
-        kw__conn_error(c, rc, "reply could not be encoded", false);
-        return;
-    }
     bool first = c->queued == 0; /* the reply goes on the wire now */
-    ssize_t n = c->closing ? UV_ECANCELED : write_now(c, frame, len, v);
-    write_req *w = n >= 0 && (size_t)n < len + v->len ? calloc(1, sizeof *w)
-                                                      : NULL;
-    if (w == NULL) { /* all written at once (the usual case), or lost */
-        free(frame);
+    ssize_t n = c->closing ? UV_ECANCELED
+                           : write_now(c, (uint8_t *)frame, len, v);
+    bool rest = n >= 0 && (size_t)n < len + v->len;
+    write_req *w = rest ? calloc(1, sizeof *w) : NULL;
+    uint8_t *own = w == NULL || owned ? (uint8_t *)frame : malloc(len);
+    if (w == NULL || own == NULL) { /* all written at once (the usual
+                                       case), or lost */
+        if (owned)
+            free((uint8_t *)frame);
+        free(w);
         kw_cache_release(v);
-        if (n < 0 || (size_t)n < len + v->len)
+        if (rest || n < 0)
             kw__conn_close(c);
         else
-            c->progress_at = uv_now(&c->d->loop);
+            c->progress_at = uv_now(&c->l->loop);
         return;
     }
-    *w = (write_req){.conn = c, .frame = frame,
+    if (own != frame)
+        memcpy(own, frame, len); /* the memo's header: queued, so copied */
+    *w = (write_req){.conn = c, .frame = own,
                      .bytes = len + v->len - (size_t)n};
     queue_view(c, w, (size_t)n, len, v, first);
 }
@@ -416,9 +418,9 @@ static void protocol_error(kw__conn *c, int rc)
  * frames); stops itself when the backlog is empty. */
 static void on_resume(uv_idle_t *h)
 {
-    kw__daemon *d = h->data;
-    kw__conn *list = d->backlog;
-    d->backlog = NULL;
+    kw__loop *l = h->data;
+    kw__conn *list = l->backlog;
+    l->backlog = NULL;
     while (list != NULL) {
         kw__conn *c = list;
         list = c->next_backlog;
@@ -427,34 +429,34 @@ static void on_resume(uv_idle_t *h)
             process(c);
         kw__conn_unref(c); /* the reference backlog_add() took */
     }
-    if (d->backlog == NULL)
+    if (l->backlog == NULL)
         uv_idle_stop(h);
 }
 
-void kw__daemon_backlog_init(kw__daemon *d)
+void kw__loop_backlog_init(kw__loop *l)
 {
-    uv_idle_init(&d->loop, &d->resume);
-    d->resume.data = d;
+    uv_idle_init(&l->loop, &l->resume);
+    l->resume.data = l;
 }
 
 /* Queues c to be processed again on the next loop iteration. */
 static void backlog_add(kw__conn *c)
 {
-    kw__daemon *d = c->d;
+    kw__loop *l = c->l;
     if (c->in_backlog)
         return;
     c->in_backlog = true;
-    c->next_backlog = d->backlog;
-    d->backlog = c;
+    c->next_backlog = l->backlog;
+    l->backlog = c;
     c->refs++; /* dropped when the backlog is run (see process) */
-    uv_idle_start(&d->resume, on_resume);
+    uv_idle_start(&l->resume, on_resume);
 }
 
 /* True while c may serve another buffered request now. */
 static bool may_serve(const kw__conn *c)
 {
     return !c->closing && !c->active && !c->throttled && !c->refusing &&
-           !c->d->stopping;
+           !c->l->stopping;
 }
 
 /* Parses and serves buffered requests, at most KW__FRAMES_PER_READ per
@@ -525,7 +527,7 @@ void kw__conn_begin(kw__conn *c, kw__req *r)
 void kw__conn_request_done(kw__conn *c)
 {
     c->active = NULL;
-    if (c->closing || c->d->stopping)
+    if (c->closing || c->l->stopping)
         return; /* stopping: the connection closes after its last frame */
     uv_timer_again(&c->idle);
     update_reading(c);
@@ -536,7 +538,7 @@ static void on_idle(uv_timer_t *t)
 {
     kw__conn *c = t->data;
     kw__daemon *d = c->d;
-    uint64_t stalled = uv_now(&d->loop) - c->progress_at;
+    uint64_t stalled = uv_now(&c->l->loop) - c->progress_at;
     if (c->queued > 0 && stalled >= d->opts->idle_timeout_ms) {
         KW_LOG(KW_LOG_WARNING, "uid %u: %zu bytes of replies unread for %u ms; "
                "closing", (unsigned)c->uid, c->queued, d->opts->idle_timeout_ms);
@@ -557,8 +559,9 @@ void kw__conn_start(kw__conn *c, unsigned idle_ms)
     update_reading(c);
 }
 
-kw__conn *kw__conn_new(kw__daemon *d)
+kw__conn *kw__conn_new(kw__loop *l)
 {
+    kw__daemon *d = l->d;
     kw__conn *c = calloc(1, sizeof *c);
     uint8_t *buf = malloc(KW_PROTO_MAX_REQUEST);
     if (c == NULL || buf == NULL) {
@@ -567,16 +570,17 @@ kw__conn *kw__conn_new(kw__daemon *d)
         return NULL;
     }
     c->d = d;
+    c->l = l;
     c->buf = buf;
-    uv_pipe_init(&d->loop, &c->pipe, 0);
-    uv_timer_init(&d->loop, &c->idle);
+    uv_pipe_init(&l->loop, &c->pipe, 0);
+    uv_timer_init(&l->loop, &c->idle);
     c->pipe.data = c->idle.data = c;
     c->handles = 2;
-    c->progress_at = uv_now(&d->loop);
-    c->next = d->conns;
-    if (d->conns)
-        d->conns->prev = c;
-    d->conns = c;
+    c->progress_at = uv_now(&l->loop);
+    c->next = l->conns;
+    if (l->conns)
+        l->conns->prev = c;
+    l->conns = c;
     d->nconns++;
     return c;
 }

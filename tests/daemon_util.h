@@ -268,7 +268,11 @@ static inline void kwd_wait_ready(kwd *d)
 }
 
 /* Starts kwarmd --socket DIR/s.sock --cache DIR/cache --jobs JOBS plus
- * extra (NULL-terminated, or NULL) and waits until it is ready. */
+ * extra (NULL-terminated, or NULL) and waits until it is ready.  Unless
+ * extra names --loops, kwarmd serves from KWD_LOOPS loops, so that every
+ * daemon suite runs connections spread over several loop threads (the
+ * default on a small machine is one). */
+#define KWD_LOOPS "3"
 static inline void kwd_start(kwd *d, unsigned jobs, const char *const *extra)
 {
     char j[16];
@@ -276,9 +280,15 @@ static inline void kwd_start(kwd *d, unsigned jobs, const char *const *extra)
     const char *args[24] = {"--socket", d->sock, "--cache", d->cache,
                             "--jobs", j};
     size_t n = 6;
+    bool loops = false;
     for (size_t i = 0; extra != NULL && extra[i] != NULL; i++) {
-        cr_assert(n < 23);
+        cr_assert(n < 21);
+        loops |= strcmp(extra[i], "--loops") == 0;
         args[n++] = extra[i];
+    }
+    if (!loops) {
+        args[n++] = "--loops";
+        args[n++] = KWD_LOOPS;
     }
     args[n] = NULL;
     d->pid = kwd_spawn(d, args, d->log);

@@ -8,6 +8,8 @@
 
 #include <lmdb.h>
 
+#include "kw_cache.h"
+
 #define V32 "deepseek-v3.2-exp.json"
 #define BIG 204800   /* the stand-in cubin: far over a socket's buffer */
 #define GETS 20      /* pipelined per stuck client: 4 MB, under --max-output */
@@ -204,6 +206,59 @@ Test(held, with_no_held_reads_allowed_every_late_reply_is_copied)
     cr_expect_eq(kwc_stat(&c, "held_reads"), 0);
     read_gets(&stuck, cubin, "a client of a kwarmd that holds nothing");
     kwc_close(&stuck);
+    free(cubin);
+    kwd_down(&d, &c);
+}
+
+/* Hit headers are kept per loop (daemon/hits.c): a changed entry must get
+ * a new one.  The entry is replaced behind kwarmd's back, through the
+ * cache itself, with a cubin of another size. */
+Test(held, a_hit_reply_follows_its_entry_when_the_entry_changes)
+{
+    kwd d;
+    kwc c;
+    char digest[65];
+    uint8_t *cubin, raw[KW_CACHE_DIGEST_LEN];
+    const char *extra[] = {"--loops", "1", NULL}; /* one table for all gets */
+    held_up(&d, "kwh-memo", extra, &c, digest, &cubin);
+    cJSON *g = cJSON_CreateObject();
+    cJSON_AddStringToObject(g, "digest", digest);
+    for (int i = 0; i < 3; i++) { /* the first builds the header, then kept */
+        kwr r = kwc_call(&c, KW_PROTO_GET, g, NULL);
+        kwr_expect_type(&r, KW_PROTO_RESULT, "a hit");
+        cr_expect_eq(kwr_num(&r, "size"), BIG);
+        kwr_free(&r);
+    }
+    for (int i = 0; i < KW_CACHE_DIGEST_LEN; i++)
+        sscanf(digest + 2 * i, "%2hhx", &raw[i]);
+    kw_cache_opts o = {.dir = d.cache};
+    kw_cache *cache = NULL;
+    char err[256];
+    cr_assert_eq(kw_cache_open(&cache, &o, err, sizeof err), 0, "%s", err);
+    kw_cache_info info;
+    void *old = NULL;
+    size_t old_len = 0;
+    cr_assert_eq(kw_cache_get(cache, raw, &old, &old_len, &info), 0);
+    cr_assert_eq(old_len, BIG);
+    free(old);
+    snprintf(info.entry, sizeof info.entry, "kw_replaced_entry");
+    uint8_t small[4096];
+    memset(small, 0x5a, sizeof small);
+    bool stored = false;
+    cr_assert_eq(kw_cache_remove(cache, raw), 0);
+    cr_assert_eq(kw_cache_put(cache, raw, &info, small, sizeof small, false,
+                              &stored), 0);
+    cr_assert(stored);
+    kw_cache_close(cache);
+    kwr r = kwc_call(&c, KW_PROTO_GET, g, NULL);
+    kwr_expect_type(&r, KW_PROTO_RESULT, "the hit after the change");
+    cr_expect_eq(kwr_num(&r, "size"), sizeof small);
+    cr_expect_str_eq(kwr_str(&r, "entry"), "kw_replaced_entry");
+    cr_expect_eq(r.payload_len, sizeof small);
+    cr_expect(r.payload_len == sizeof small &&
+              memcmp(r.payload, small, sizeof small) == 0, "old bytes served");
+    kwr_free(&r);
+    cJSON_Delete(g);
     free(cubin);
     kwd_down(&d, &c);
 }
