@@ -682,6 +682,29 @@ static inline cJSON *kwd_kwarm_keys(const char *fixture, int dcp)
     return j;
 }
 
+/* Gets key `index` of fixture (at DCP world dcp) by family, fields and
+ * arch sm_90, compiling it on a miss, and returns the RESULT (its digest
+ * and cubin; kwr_free it).  With KWARM_TEST_INSTANT_COMPILE=N set before
+ * kwarmd started, the cubin is N stand-in bytes. */
+static inline kwr kwd_get_key(kwc *c, const char *fixture, int dcp, int index)
+{
+    cJSON *doc = kwd_kwarm_keys(fixture, dcp);
+    const cJSON *pick = cJSON_GetArrayItem(
+        cJSON_GetObjectItemCaseSensitive(doc, "keys"), index);
+    cr_assert_not_null(pick, "%s has no key %d", fixture, index);
+    cJSON *g = cJSON_CreateObject();
+    cJSON_AddItemToObject(g, "family", cJSON_Duplicate(
+        cJSON_GetObjectItemCaseSensitive(pick, "family"), 1));
+    cJSON_AddItemToObject(g, "fields", cJSON_Duplicate(
+        cJSON_GetObjectItemCaseSensitive(pick, "fields"), 1));
+    cJSON_AddStringToObject(g, "arch", "sm_90");
+    kwr r = kwc_call(c, KW_PROTO_GET, g, NULL);
+    kwr_expect_type(&r, KW_PROTO_RESULT, "get of a fixture's key");
+    cJSON_Delete(g);
+    cJSON_Delete(doc);
+    return r;
+}
+
 /* The digests of a "keys" (kwarm keys --json) or "manifest" array, in
  * order: a new cJSON array of strings. */
 /* How many keys `kwarm keys` derives for fixture at DCP world dcp (0:

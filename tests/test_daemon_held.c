@@ -19,25 +19,12 @@
  * bytes (*cubin, malloc'd) and digest. */
 static void big_cubin(kwc *c, int index, char digest[65], uint8_t **cubin)
 {
-    cJSON *doc = kwd_kwarm_keys(V32, 2);
-    const cJSON *pick = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(doc, "keys"),
-                                           index);
-    cr_assert_not_null(pick);
-    cJSON *g = cJSON_CreateObject();
-    cJSON_AddItemToObject(g, "family", cJSON_Duplicate(
-        cJSON_GetObjectItemCaseSensitive(pick, "family"), 1));
-    cJSON_AddItemToObject(g, "fields", cJSON_Duplicate(
-        cJSON_GetObjectItemCaseSensitive(pick, "fields"), 1));
-    cJSON_AddStringToObject(g, "arch", "sm_90");
-    kwr r = kwc_call(c, KW_PROTO_GET, g, NULL);
-    kwr_expect_type(&r, KW_PROTO_RESULT, "get of the big key");
+    kwr r = kwd_get_key(c, V32, 2, index);
     cr_assert_eq(r.payload_len, BIG, "a cubin of %zu bytes", r.payload_len);
     snprintf(digest, 65, "%s", kwr_str(&r, "digest"));
     *cubin = r.payload;
     r.payload = NULL;
     kwr_free(&r);
-    cJSON_Delete(g);
-    cJSON_Delete(doc);
 }
 
 /* A kwarmd (jobs 1, extra flags) with one BIG cubin stored. */
