@@ -118,7 +118,6 @@ static void held_link(kw__loop *l, write_req *w)
     else
         l->held_head = w;
     l->held_tail = w;
-    l->d->nheld++;
     if (l->nheld++ == 0 && !l->done) {
         uint64_t every = l->d->opts->held_read_timeout_ms / 4;
         uv_timer_start(&l->held_timer, kw__held_check, every ? every : 1,
@@ -139,6 +138,17 @@ static void held_unlink(kw__loop *l, write_req *w)
     l->d->nheld--;
     if (--l->nheld == 0 && !l->done)
         uv_timer_stop(&l->held_timer);
+}
+
+/* Takes one of the --max-held-reads slots, shared by every loop: false
+ * when all are taken. */
+static bool held_take(kw__daemon *d)
+{
+    size_t n = atomic_load(&d->nheld);
+    while (n < d->opts->max_held_reads)
+        if (atomic_compare_exchange_weak(&d->nheld, &n, n + 1))
+            return true;
+    return false;
 }
 
 /* The held-read timer: a connection whose reply has held a snapshot for
@@ -269,7 +279,7 @@ static void queue_view(kw__conn *c, write_req *w, size_t done, size_t len,
         b[nb++] = uv_buf_init((char *)w->frame + done, (unsigned)(len - done));
     const char *rest = (const char *)v->data + off;
     size_t rest_len = v->len - off;
-    if (hold && d->nheld < d->opts->max_held_reads) {
+    if (hold && held_take(d)) {
         w->view = *v;
         held_link(c->l, w);
     } else if ((w->payload = kw__conn_take_buffer(c, rest_len,
