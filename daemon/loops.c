@@ -89,13 +89,21 @@ static void *loop_main(void *arg)
     return NULL;
 }
 
-/* Sets up loop l (its handles), not yet running; 0 or a libuv code. */
+/* Sets up loop l (its handles), not yet running; 0 or a libuv code.
+ * libuv opens one descriptor per loop, kept for the loop's life, at its
+ * first stream (a reserve for when descriptors run out): a pipe handle
+ * made and closed here opens it now, so kwarmd's descriptor count does not
+ * move with the first connection each loop serves. */
 static int loop_init(kw__daemon *d, kw__loop *l)
 {
     l->d = d;
     int rc = uv_loop_init(&l->loop);
     if (rc < 0)
         return rc;
+    uv_pipe_t first;
+    uv_pipe_init(&l->loop, &first, 0);
+    uv_close((uv_handle_t *)&first, NULL);
+    uv_run(&l->loop, UV_RUN_NOWAIT); /* the close ends: nothing refers to it */
     if ((rc = -pthread_mutex_init(&l->mu, NULL)) == 0 &&
         (rc = uv_async_init(&l->loop, &l->wake, on_wake)) == 0 &&
         (rc = kw__loop_outbox_init(l)) == 0) {

@@ -43,22 +43,6 @@ static int fd_count(pid_t pid)
     return n;
 }
 
-/* kwarmd's descriptors once each serving loop has had a connection: libuv
- * opens one descriptor per loop, kept for its life, at its first stream
- * (a reserve for running out of descriptors), so the count is judged from
- * there. */
-static int baseline_fds(const kwd *d)
-{
-    int n = atoi(KWD_LOOPS) + 1;
-    for (int i = 0; i < n; i++) {
-        kwc c;
-        kwc_must_open(&c, d->sock);
-        kwc_expect_pong(&c, "warming the loops");
-        kwc_close(&c);
-    }
-    return fd_count(d->pid);
-}
-
 /* Waits (bounded) until kwarmd's descriptors are within 10% of fds0 and
  * its RssAnon within 10% (plus 2 MiB of slack for small heaps) of rss0. */
 static void expect_back_to(const kwd *d, int fds0, long rss0, const char *when)
@@ -170,7 +154,7 @@ Test(hostile, a_client_that_pipelines_gets_and_never_reads_is_bounded_and_droppe
     big_cubin(&c, digest);
     kwc_expect_pong(&c, "warm");
     long rss0 = rss_anon_kib(d.pid);
-    int fds0 = baseline_fds(&d);
+    int fds0 = fd_count(d.pid);
     cJSON *g = cJSON_CreateObject();
     cJSON_AddStringToObject(g, "digest", digest);
     uint8_t *frame;
@@ -296,7 +280,7 @@ Test(hostile, five_thousand_idle_connections_and_a_good_client)
     kwc c;
     const char *extra[] = {"--max-connections", "6000", NULL};
     kwd_up(&d, "kwh-idle", 1, extra, &c);
-    int fds0 = baseline_fds(&d);
+    int fds0 = fd_count(d.pid);
     long rss0 = rss_anon_kib(d.pid);
     int *fd = malloc(5000 * sizeof *fd);
     for (int i = 0; i < 5000; i++)
@@ -321,7 +305,7 @@ Test(hostile, a_hundred_thousand_connects_and_disconnects)
     kwd d;
     kwc c;
     kwd_up(&d, "kwh-churn", 1, NULL, &c);
-    int fds0 = baseline_fds(&d);
+    int fds0 = fd_count(d.pid);
     long rss0 = rss_anon_kib(d.pid);
     for (int i = 0; i < 100000; i++)
         close(raw_connect(d.sock, false));
@@ -337,7 +321,7 @@ Test(hostile, random_bytes_at_full_speed_are_refused_and_others_served)
     kwd d;
     kwc c;
     kwd_up(&d, "kwh-noise", 1, NULL, &c);
-    int fds0 = baseline_fds(&d);
+    int fds0 = fd_count(d.pid);
     long rss0 = rss_anon_kib(d.pid);
     uint8_t junk[65536];
     unsigned seed = 12345;
