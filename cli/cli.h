@@ -29,6 +29,22 @@ const char *kw__cli_value(const char *cmd, int argc, char **argv, int *i);
 /* Returns true when argv[i]'s name (before any '=') equals name. */
 bool kw__cli_is(const char *arg, const char *name);
 
+/* kwarm get's flags: parsed by one function whether the key is read from
+ * a cache directory (--cache, cli_cache.c) or asked of kwarmd (--socket,
+ * cli_daemon.c). */
+typedef struct kw__cli_get_opts {
+    const char *digest, *family, *fields, *arch, *out;
+    const char *where;    /* the value of --cache or --socket, or NULL */
+    bool no_compile;
+} kw__cli_get_opts;
+
+/* Parses get's flags into o (zeroed first).  where_flag is "--cache"
+ * (then required) or "--socket" (optional).  Each flag at most once,
+ * exactly one way of naming the key, -o checked before any work.  Returns
+ * -1 to go on, else an exit code (a message printed). */
+int kw__cli_get_parse(kw__cli_get_opts *o, int argc, char **argv,
+                      const char *where_flag);
+
 /* Initialises a for parsing. */
 void kw__cli_model_init(kw__cli_model *a);
 

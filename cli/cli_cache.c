@@ -62,10 +62,7 @@ static const char stats_usage[] =
     "                             --metrics-listen serves\n"
     "  -h, --help                 this text\n";
 
-typedef struct get_opts {
-    const char *digest, *family, *fields, *arch, *cache, *out;
-    bool no_compile;
-} get_opts;
+typedef kw__cli_get_opts get_opts; /* where: the --cache directory */
 
 /* Sets field `name` of k from text v (an integer, or true/false for a
  * boolean field); seen marks fields already given. */
@@ -214,32 +211,40 @@ bool kw__cli_wants_help(int argc, char **argv)
     return false;
 }
 
-/* Parses get's flags into o; returns -1 to go on, else an exit code. */
-static int get_parse(get_opts *o, int argc, char **argv)
+int kw__cli_get_parse(kw__cli_get_opts *o, int argc, char **argv,
+                      const char *where_flag)
 {
+    *o = (kw__cli_get_opts){0};
     struct {
         const char *flag;
         const char **slot;
     } flags[] = {{"--digest", &o->digest}, {"--family", &o->family},
                  {"--fields", &o->fields}, {"--arch", &o->arch},
-                 {"--cache", &o->cache},   {"-o", &o->out}};
+                 {where_flag, &o->where},  {"-o", &o->out}};
+    size_t nflags = sizeof flags / sizeof *flags;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--no-compile") == 0) {
             o->no_compile = true;
             continue;
         }
         size_t f = 0;
-        while (f < sizeof flags / sizeof *flags && !kw__cli_is(argv[i], flags[f].flag))
+        while (f < nflags && !kw__cli_is(argv[i], flags[f].flag))
             f++;
-        if (f == sizeof flags / sizeof *flags) {
+        if (f == nflags) {
             kw__cli_err("get", "%s: unknown argument (see kwarm get --help)", argv[i]);
+            return KW_CLI_USAGE;
+        }
+        if (*flags[f].slot != NULL) {
+            kw__cli_err("get", "%s: given more than once", flags[f].flag);
             return KW_CLI_USAGE;
         }
         if ((*flags[f].slot = kw__cli_value("get", argc, argv, &i)) == NULL)
             return KW_CLI_USAGE;
     }
     bool by_key = o->family || o->fields || o->arch;
-    const char *missing = o->cache == NULL ? "--cache" : o->out == NULL ? "-o"
+    bool cache = strcmp(where_flag, "--cache") == 0;
+    const char *missing = cache && o->where == NULL ? "--cache"
+                          : o->out == NULL ? "-o"
                           : (o->digest != NULL) == by_key ? "--digest or --family/--fields/--arch"
                           : by_key && !(o->family && o->fields && o->arch) ? "--family, --fields and --arch"
                           : NULL;
@@ -247,7 +252,7 @@ static int get_parse(get_opts *o, int argc, char **argv)
         kw__cli_err("get", "%s: required (see kwarm get --help)", missing);
         return KW_CLI_USAGE;
     }
-    return kw__cli_output_check("get", o->out);
+    return kw__cli_output_check("get", o->out); /* -1: go on */
 }
 
 /* Compiles key k after a miss, stores it in c and writes it to -o.  An
@@ -274,11 +279,11 @@ static int get_compile(const get_opts *o, kw_cache *c, const kw_keys_key *k)
     memcpy(info.fields, k->fields, info.nfields * sizeof k->fields[0]);
     rc = kw_cache_put(c, k->digest, &info, res.cubin, res.cubin_len, false, NULL);
     if (rc < 0) /* the cubin is still good: write it, say why it is not kept */
-        kw__cli_err("get", "compiled, but not stored in %s: %s: %s", o->cache,
+        kw__cli_err("get", "compiled, but not stored in %s: %s: %s", o->where,
                     kw_strerror(rc), kw_cache_last_error(c));
     else
         fprintf(stderr, "kwarm get: not cached: compiled in %.2f s and stored "
-                "in %s\n", res.seconds, o->cache);
+                "in %s\n", res.seconds, o->where);
     rc = kw__cli_put_cubin("get", o->out, res.cubin, res.cubin_len, info.family,
                            info.arch, info.entry);
     kw_jit_result_destroy(&res);
@@ -292,10 +297,10 @@ static int get_miss(const get_opts *o, kw_cache *c, const char *hex)
         kw__cli_err("get", "%.16s: not cached in %s; a digest cannot be "
                     "compiled: give the key as --family, --fields and --arch "
                     "(kwarm keys --json lists them), or run kwarm prewarm",
-                    hex, o->cache);
+                    hex, o->where);
     else
         kw__cli_err("get", "%s %.16s: not cached in %s%s", o->family, hex,
-                    o->cache, kw_cache_is_read_only(c) ? " (read-only cache)"
+                    o->where, kw_cache_is_read_only(c) ? " (read-only cache)"
                                                        : " (--no-compile)");
     return KW_CLI_RUNTIME;
 }
@@ -319,7 +324,7 @@ static int get_fetch(const get_opts *o, kw_cache *c, const kw_keys_key *k)
     else if (rc == KW_ENOTFOUND)
         rc = get_miss(o, c, hex);
     else {
-        kw__cli_err("get", "%.16s: %s in %s", hex, kw_strerror(rc), o->cache);
+        kw__cli_err("get", "%.16s: %s in %s", hex, kw_strerror(rc), o->where);
         rc = KW_CLI_RUNTIME;
     }
     free(blob);
@@ -328,7 +333,7 @@ static int get_fetch(const get_opts *o, kw_cache *c, const kw_keys_key *k)
 
 int kw__cli_get(int argc, char **argv)
 {
-    get_opts o = {0};
+    get_opts o;
     bool help = kw__cli_wants_help(argc, argv);
     if (help && !kw__cli_has_flag(argc, argv, "--socket")) {
         fputs(get_usage, stdout);
@@ -338,7 +343,7 @@ int kw__cli_get(int argc, char **argv)
         return kw__cli_get_socket(argc, argv);
     kw_keys_key k;
     kw_cache *c = NULL;
-    int rc = get_parse(&o, argc, argv);
+    int rc = kw__cli_get_parse(&o, argc, argv, "--cache");
     if (rc >= 0)
         return rc;
     if (o.digest == NULL && key_from_flags(&o, &k) < 0)
@@ -346,7 +351,7 @@ int kw__cli_get(int argc, char **argv)
     if (o.digest != NULL && strspn(o.digest, "0123456789abcdefABCDEF") !=
                                 strlen(o.digest))
         return kw__cli_digest_resolve("get", NULL, o.digest, k.digest);
-    if ((rc = kw__cli_cache_open("get", o.cache, KW_CLI_READ_WRITE, &c)) != KW_CLI_OK)
+    if ((rc = kw__cli_cache_open("get", o.where, KW_CLI_READ_WRITE, &c)) != KW_CLI_OK)
         return rc;
     if (o.digest == NULL ||
         (rc = kw__cli_digest_resolve("get", c, o.digest, k.digest)) < 0)

@@ -244,59 +244,7 @@ int kw__cli_stats_socket(int argc, char **argv)
 
 /* ---- get ----------------------------------------------------------------- */
 
-typedef struct get_opts {
-    const char *digest, *family, *fields, *arch, *out, *socket;
-    bool no_compile;
-} get_opts;
-
-/* Checks that exactly one way of naming the key and -o were given. */
-static int get_check(const get_opts *o)
-{
-    bool by_key = o->family || o->fields || o->arch;
-    const char *missing =
-        o->out == NULL                    ? "-o"
-        : (o->digest != NULL) == by_key   ? "--digest or --family/--fields/--arch"
-        : by_key && !(o->family && o->fields && o->arch)
-            ? "--family, --fields and --arch"
-            : NULL;
-    if (missing != NULL) {
-        kw__cli_err("get", "%s: required (see kwarm get --help)", missing);
-        return KW_CLI_USAGE;
-    }
-    return -1;
-}
-
-/* Parses get's flags into o; returns -1 to go on, else an exit code. */
-static int get_parse(get_opts *o, int argc, char **argv)
-{
-    struct {
-        const char *flag;
-        const char **slot;
-    } flags[] = {{"--digest", &o->digest}, {"--family", &o->family},
-                 {"--fields", &o->fields}, {"--arch", &o->arch},
-                 {"--socket", &o->socket}, {"-o", &o->out}};
-    size_t nflags = sizeof flags / sizeof *flags;
-    for (int i = 1; i < argc; i++) {
-        if (is_help(argv[i]))
-            return print_usage(get_usage, false);
-        if (strcmp(argv[i], "--no-compile") == 0) {
-            o->no_compile = true;
-            continue;
-        }
-        size_t f = 0;
-        while (f < nflags && !kw__cli_is(argv[i], flags[f].flag))
-            f++;
-        if (f == nflags)
-            return unknown_arg("get", argv[i]);
-        if (*flags[f].slot != NULL) {
-            kw__cli_err("get", "%s: given more than once", flags[f].flag);
-            return KW_CLI_USAGE;
-        }
-        if ((*flags[f].slot = kw__cli_value("get", argc, argv, &i)) == NULL)
-            return KW_CLI_USAGE;
-    }
-    return get_check(o);
-}
+typedef kw__cli_get_opts get_opts; /* where: the --socket path */
 
 /* Adds "name=value" of family f to obj: an integer, or true/false for a
  * boolean field.  Returns 0, or -1 after printing the error. */
@@ -402,8 +350,10 @@ static int get_fetch(const get_opts *o, kw_client *c, kw_client_kernel *k)
 
 int kw__cli_get_socket(int argc, char **argv)
 {
-    get_opts o = {0};
-    int rc = get_parse(&o, argc, argv);
+    get_opts o;
+    if (kw__cli_wants_help(argc, argv))
+        return print_usage(get_usage, false);
+    int rc = kw__cli_get_parse(&o, argc, argv, "--socket");
     if (rc >= 0)
         return rc;
     size_t dl = o.digest ? strlen(o.digest) : 0;
@@ -415,7 +365,7 @@ int kw__cli_get_socket(int argc, char **argv)
     }
     kw_client *c = NULL;
     kw_client_kernel k = {0};
-    if ((rc = connect_to("get", o.socket, &c)) != KW_CLI_OK)
+    if ((rc = connect_to("get", o.where, &c)) != KW_CLI_OK)
         return rc;
     if ((rc = get_fetch(&o, c, &k)) == KW_CLI_OK)
         rc = kw__cli_put_cubin("get", o.out, k.cubin, k.len, k.family,

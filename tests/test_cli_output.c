@@ -209,3 +209,24 @@ Test(cli_output, directory_is_refused, .init = setup, .fini = teardown)
     cr_assert_eq(stat(tmpdir, &st), 0);
     cr_expect(S_ISDIR(st.st_mode));
 }
+
+/* kwarm get reads its flags the same way through --cache and --socket
+ * (one parser): a flag given twice, a missing -o and a directory for -o
+ * are refused before any work, with exit 2, both ways. */
+Test(cli_output, get_flags_are_checked_alike_through_cache_and_socket,
+     .init = setup, .fini = teardown)
+{
+    static const char *const where[][2] = {{"--cache", NULL},
+                                          {"--socket", "/nonexistent/kw.sock"}};
+    for (int w = 0; w < 2; w++) {
+        const char *place = w == 0 ? cache : where[w][1];
+        expect_bad_input("twice", ARGS("get", "--digest", hex, "--digest", hex,
+                                       where[w][0], place, "-o", "/tmp/kw-x"),
+                         NEEDLES("--digest: given more than once"));
+        expect_bad_input("no -o", ARGS("get", "--digest", hex, where[w][0], place),
+                         NEEDLES("-o: required"));
+        expect_bad_input("directory", ARGS("get", "--digest", hex, where[w][0],
+                                           place, "-o", tmpdir),
+                         NEEDLES("is a directory"));
+    }
+}
