@@ -178,10 +178,14 @@ int kw__cli_ping(int argc, char **argv)
 static void print_stats(const char *json, const char *path)
 {
     cJSON *st = cJSON_Parse(json);
+    int w = 17; /* the widest name, so the values line up */
+    for (const cJSON *it = st ? st->child : NULL; it != NULL; it = it->next)
+        if (cJSON_IsNumber(it) && (int)strlen(it->string) > w)
+            w = (int)strlen(it->string);
     printf("kwarmd %s\n", path);
     for (const cJSON *it = st ? st->child : NULL; it != NULL; it = it->next)
         if (cJSON_IsNumber(it))
-            printf("  %-17s %.0f\n", it->string, it->valuedouble);
+            printf("  %-*s %.0f\n", w, it->string, it->valuedouble);
     cJSON_Delete(st);
 }
 
