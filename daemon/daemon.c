@@ -43,9 +43,9 @@ void kw_daemon_opts_init(kw_daemon_opts *o)
     o->max_connections = 1024;              /* open connections at once */
     o->max_held_reads = 64;                 /* snapshots held by replies */
     o->held_read_timeout_ms = 5000;         /* and for how long at most */
-    o->loops = n >= 8 ? (unsigned)(n / 4 < 8 ? n / 4 : 8) : 1; /* serving
+    o->loops = n >= 12 ? (unsigned)(n / 4 < 8 ? n / 4 : 8) : 2; /* serving
                                                loops: a quarter of the
-                                               cores, 1 to 8 */
+                                               cores, 2 to 8 */
     o->log_level = 6;                       /* info */
     o->socket_mode = 0660;                  /* owner and group */
 }

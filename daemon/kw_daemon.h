@@ -34,7 +34,7 @@ typedef struct kw_daemon_opts {
                                   kwarmd stops reading it (16 MiB) */
     unsigned max_connections;  /* open connections; the next is refused */
     unsigned loops;            /* threads serving connections (a quarter
-                                  of the cores, 1 to 8) */
+                                  of the cores, 2 to 8) */
     unsigned max_held_reads;   /* replies written from the cache's map that
                                   may hold a read snapshot at once (64);
                                   past it a reply's unsent rest is copied */

@@ -46,7 +46,7 @@ static const char usage[] =
     "  --cache DIR         LMDB cache on local disk (/var/cache/kwarm)\n"
     "  --jobs N            compile worker processes (the cores)\n"
     "  --loops N           threads serving connections, each with its own\n"
-    "                      libuv loop (a quarter of the cores, 1 to 8)\n"
+    "                      libuv loop (a quarter of the cores, 2 to 8)\n"
     "  --compile-timeout S a compile running longer is killed and fails (120)\n"
     "  --compile-memory SIZE  address space of a compile worker; past it the\n"
     "                      compile fails (4G)\n"
