@@ -86,6 +86,19 @@ static void *compile_worker(void *arg)
     return NULL;
 }
 
+/* Compiles every key of l on 4 threads; fails the test unless all do. */
+static void expect_all_compile(keylist *l)
+{
+    work w = {.l = l};
+    pthread_t t[4];
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(pthread_create(&t[i], NULL, compile_worker, &w), 0);
+    for (int i = 0; i < 4; i++)
+        pthread_join(t[i], NULL);
+    cr_expect_eq(atomic_load(&w.bad), 0, "%zu of %zu keys failed (first: %s)",
+                 atomic_load(&w.bad), l->n, kw_strerror(w.first_rc));
+}
+
 Test(build, every_fixture_key_compiles_to_cuda_elf_with_its_entry, .timeout = 1200)
 {
     keylist l = {0};
@@ -93,14 +106,7 @@ Test(build, every_fixture_key_compiles_to_cuda_elf_with_its_entry, .timeout = 12
         for (size_t w = 0; w < sizeof worlds / sizeof *worlds; w++)
             add_keys(&l, fixtures[f], worlds[w]);
     cr_assert_gt(l.n, 100, "expected the fixtures to give many keys");
-    work w = {.l = &l};
-    pthread_t t[4];
-    for (int i = 0; i < 4; i++)
-        cr_assert_eq(pthread_create(&t[i], NULL, compile_worker, &w), 0);
-    for (int i = 0; i < 4; i++)
-        pthread_join(t[i], NULL);
-    cr_expect_eq(atomic_load(&w.bad), 0, "%zu of %zu keys failed (first: %s)",
-                 atomic_load(&w.bad), l.n, kw_strerror(w.first_rc));
+    expect_all_compile(&l);
     free(l.keys);
 }
 
@@ -155,14 +161,7 @@ Test(build, indexer_keys_compile_for_every_arch, .timeout = 1200)
         }
     }
     cr_assert_geq(l.n, 4 * na, "expected indexer keys in the fixtures");
-    work w = {.l = &l};
-    pthread_t t[4];
-    for (int i = 0; i < 4; i++)
-        cr_assert_eq(pthread_create(&t[i], NULL, compile_worker, &w), 0);
-    for (int i = 0; i < 4; i++)
-        pthread_join(t[i], NULL);
-    cr_expect_eq(atomic_load(&w.bad), 0, "%zu of %zu keys failed (first: %s)",
-                 atomic_load(&w.bad), l.n, kw_strerror(w.first_rc));
+    expect_all_compile(&l);
     free(l.keys);
     free(all.keys);
 }
