@@ -179,13 +179,8 @@ static double jnum(const cJSON *j, const char *name)
 /* Runs kwarm with args (after argv[0]); its stdout (free() it). */
 static char *kwarm(const char *const *args, int want_status)
 {
-    const char *argv[16] = {KW_KWARM_BIN};
-    size_t n = 1;
-    for (; args[n - 1] != NULL; n++)
-        argv[n] = args[n - 1];
-    argv[n] = NULL;
     char *out = NULL, *err = NULL;
-    int st = kw_test_run(argv, &out, &err);
+    int st = kw_test_kwarm(args, &out, &err);
     cr_assert_eq(st, want_status, "kwarm %s: exit %d: %s", args[0], st, err);
     free(err);
     return out;
