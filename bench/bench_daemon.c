@@ -369,23 +369,6 @@ static int populate(const char *dir, uint8_t digests[][NBLOBS][32])
     return 0;
 }
 
-/* Starts kwarmd (with --loops loops unless NULL: its default). */
-static pid_t start_kwarmd(const char *bin, const char *sock, const char *cache,
-                          const char *loops)
-{
-    pid_t pid = fork();
-    if (pid == 0) {
-        execl(bin, bin, "--socket", sock, "--cache", cache, "--jobs", "2",
-              loops ? "--loops" : (char *)NULL, loops, (char *)NULL);
-        _exit(127);
-    }
-    if (pid > 0 && wait_accepting(sock) == 0)
-        return pid;
-    if (pid > 0)
-        kill(pid, SIGKILL);
-    return -1;
-}
-
 /* kwarmd's exact reply frame for one GET: what the echo floor sends back
  * for that request. */
 static uint8_t *sample_reply(const char *sock, const uint8_t *req, size_t req_len,
@@ -599,7 +582,10 @@ int main(int argc, char **argv)
     snprintf(ksock, sizeof ksock, "%s/k.sock", dir);
     snprintf(esock, sizeof esock, "%s/e.sock", dir);
     srand(1);
-    pid_t pid = populate(cache, digests) == 0 ? start_kwarmd(bin, ksock, cache, loops) : -1;
+    kw_client *kc = NULL; /* only proves kwarmd accepts */
+    pid_t pid = populate(cache, digests) == 0
+                    ? bench_start_kwarmd(bin, ksock, cache, "2", loops, &kc) : -1;
+    kw_client_close(kc);
     kw_cache_opts co = {.dir = cache, .read_only = true};
     kw_cache *c = NULL;
     char err[256];

@@ -165,7 +165,7 @@ int main(int argc, char **argv)
     snprintf(sock, sizeof sock, "%s/s.sock", dir);
     snprintf(cache, sizeof cache, "%s/c", dir);
     kw_client *c = NULL;
-    pid_t pid = bench_start_kwarmd(kwarmd, sock, cache, "1", &c);
+    pid_t pid = bench_start_kwarmd(kwarmd, sock, cache, "1", NULL, &c);
     if (pid < 0 || store_one(c, digest) < 0) {
         fprintf(stderr, "bench_flood: set-up failed\n");
         return 1;

@@ -194,7 +194,7 @@ int main(int argc, char **argv)
     snprintf(sock, sizeof sock, "%s/s.sock", dir);
     snprintf(cache, sizeof cache, "%s/c", dir);
     kw_client *c = NULL;
-    pid_t pid = bench_start_kwarmd(kwarmd, sock, cache, "2", &c);
+    pid_t pid = bench_start_kwarmd(kwarmd, sock, cache, "2", NULL, &c);
     if (pid < 0)
         return 1;
     kw_client_set_timeout(c, 0);

@@ -2,8 +2,8 @@
  * real kwarmd for a while: no request may fail, and the daemon's resident
  * memory and open descriptors must come back to their starting level.
  *
- * usage: bench_soak --kwarmd PATH [--clients N] [--seconds S] [--hostile]
- *                   [--json FILE]
+ * usage: bench_soak --kwarmd PATH [--loops N] [--clients N] [--seconds S]
+ *                   [--hostile] [--json FILE]
  *
  * The daemon starts on a fresh cache, DeepSeek-V3.2 (W = 2) is warmed once,
  * then "before" is read from /proc/PID (RssAnon, entries of fd/); N clients
@@ -143,16 +143,13 @@ static long daemon_connections(kw_client *c)
     return n;
 }
 
-static pid_t start(const char *bin, const char *sock, const char *cache, kw_client **c)
-{
-    return bench_start_kwarmd(bin, sock, cache, "2", c);
-}
-
 int main(int argc, char **argv)
 {
-    if (bench_help(argc, argv, "usage: bench_soak --kwarmd PATH [--clients N] [--seconds S] [--hostile] [--json FILE]"))
+    static const char usage[] = "usage: bench_soak --kwarmd PATH [--loops N] [--clients N] "
+                                "[--seconds S] [--hostile] [--json FILE]";
+    if (bench_help(argc, argv, usage))
         return 0;
-    const char *bin = NULL, *json = NULL;
+    const char *bin = NULL, *json = NULL, *loops = NULL;
     int nclients = 200;
     double secs = 120;
     bool hostile = false;
@@ -173,9 +170,11 @@ int main(int argc, char **argv)
             secs = atof(argv[i + 1]);
         else if (strcmp(argv[i], "--json") == 0)
             json = argv[i + 1];
+        else if (strcmp(argv[i], "--loops") == 0)
+            loops = argv[i + 1];
     }
     if (bin == NULL || nclients < 1 || nclients > 4096 || secs <= 0) {
-        fprintf(stderr, "usage: bench_soak --kwarmd PATH [--clients N] [--seconds S] [--json FILE]\n");
+        fprintf(stderr, "%s\n", usage);
         return 2;
     }
     char dir[] = "/tmp/kw-soak-XXXXXX", sock[64], cache[64];
@@ -186,7 +185,7 @@ int main(int argc, char **argv)
         return 1;
     snprintf(sock, sizeof sock, "%s/s.sock", dir);
     snprintf(cache, sizeof cache, "%s/cache", dir);
-    pid_t pid = start(bin, sock, cache, &c);
+    pid_t pid = bench_start_kwarmd(bin, sock, cache, "2", loops, &c);
     if (pid < 0 || kw_client_warmup(c, s.config, "{\"dcp_world\": 2}", "soak.json",
                                     NULL, NULL, &res) < 0 || manifest(&s, res) < 0) {
         fprintf(stderr, "soak: set-up failed\n");

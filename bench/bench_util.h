@@ -92,12 +92,12 @@ static inline void bench_sibling(const char *name, char *out, size_t cap)
     snprintf(out, cap, "%s/%s", n > 0 ? self : ".", name);
 }
 
-/* Starts kwarmd (bin) on sock and cache with --jobs jobs and stderr to
- * /dev/null, and connects *c once it accepts (bounded wait).  Returns the
- * pid, or -1. */
+/* Starts kwarmd (bin) on sock and cache with --jobs jobs, --loops loops
+ * (NULL: kwarmd's default) and stderr to /dev/null, and connects *c once
+ * it accepts (bounded wait).  Returns the pid, or -1. */
 static inline pid_t bench_start_kwarmd(const char *bin, const char *sock,
                                        const char *cache, const char *jobs,
-                                       kw_client **c)
+                                       const char *loops, kw_client **c)
 {
     char err[256];
     pid_t pid = fork();
@@ -105,7 +105,7 @@ static inline pid_t bench_start_kwarmd(const char *bin, const char *sock,
         if (freopen("/dev/null", "w", stderr) == NULL)
             _exit(127);
         execl(bin, bin, "--socket", sock, "--cache", cache, "--jobs", jobs,
-              (char *)NULL);
+              loops ? "--loops" : (char *)NULL, loops, (char *)NULL);
         _exit(127);
     }
     for (int i = 0; pid > 0 && i < 1000; i++) { /* bounded: until it accepts */

@@ -66,7 +66,7 @@ static double run_daemon(const opts *o, const char *config, const char *jobs)
     snprintf(cache, sizeof cache, "%s/c", dir);
     snprintf(dep, sizeof dep, "{\"dcp_world\": %s, \"arch\": \"%s\"}", o->world,
              o->arch);
-    pid_t pid = bench_start_kwarmd(kwarmd, sock, cache, jobs, &c);
+    pid_t pid = bench_start_kwarmd(kwarmd, sock, cache, jobs, NULL, &c);
     double secs = -1;
     if (pid > 0) {
         char *res = NULL;
