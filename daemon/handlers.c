@@ -317,7 +317,7 @@ static void on_get_result(const kw_warm_result *res, void *arg)
     o->req = r;
     o->done = true;
     o->on_loop = get_finish;
-    kw__daemon_post(r->d, o);
+    kw__daemon_post(o);
 }
 
 /* Serves a get that started at t0 (now_s()): 0 answered, -1 answered by

@@ -268,7 +268,7 @@ struct kw__conn {
 /* Hands out to the loop thread: its frame is sent (unless the connection
  * closed meanwhile), then, when out->done, the request ends.  Any thread;
  * takes out (malloc'd) and its frame. */
-void kw__daemon_post(kw__daemon *d, kw__out *out);
+void kw__daemon_post(kw__out *out);
 
 /* Called by server.c on the loop thread when the connection of an active
  * request closes: the request stops what it can (handlers.c). */
@@ -345,15 +345,6 @@ void kw__conn_send_frame(kw__conn *c, uint8_t *frame, size_t len,
 void kw__conn_send(kw__conn *c, uint16_t type, const cJSON *header,
                    const void *payload, size_t payload_len);
 
-/* Sends a frame whose payload (malloc'd, cap bytes) is handed over: written
- * after the encoded header without a copy, then kept as c's spare reply
- * buffer (kw__conn_take_buffer) or freed. */
-void kw__conn_send_owned(kw__conn *c, uint16_t type, const cJSON *header,
-                         void *payload, size_t payload_len, size_t cap);
-
-/* A reply buffer of at least min bytes: c's spare one when big enough,
- * else a new allocation; *cap gets its size.  NULL when out of memory. */
-void *kw__conn_take_buffer(kw__conn *c, size_t min, size_t *cap);
 /* Sends a frame whose prefix (head and JSON header, len bytes) is frame
  * and whose payload is v's bytes, written from the cache's map without a
  * copy; takes v (released once written, or at once when the socket takes

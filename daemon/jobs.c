@@ -29,7 +29,7 @@ static void post(kw__req *r, uint8_t *frame, size_t len, bool done)
     o->frame = frame;
     o->len = len;
     o->done = done;
-    kw__daemon_post(r->d, o);
+    kw__daemon_post(o);
 }
 
 /* The error frame of last resort, when not even an error can be encoded

@@ -145,10 +145,9 @@ static void on_connection(uv_stream_t *server, int status)
 
 /* ---- the outbox: frames from job and warm threads -------------------- */
 
-void kw__daemon_post(kw__daemon *d, kw__out *o)
+void kw__daemon_post(kw__out *o)
 {
     kw__loop *l = kw__req_conn(o->req)->l;
-    (void)d;
     o->next = NULL;
     pthread_mutex_lock(&l->out_mu);
     if (l->out_tail != NULL)

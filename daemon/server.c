@@ -59,7 +59,9 @@ void kw__conn_unref(kw__conn *c)
         conn_free(c);
 }
 
-void *kw__conn_take_buffer(kw__conn *c, size_t min, size_t *cap)
+/* A reply buffer of at least min bytes: c's spare one when big enough,
+ * else a new allocation; *cap gets its size.  NULL when out of memory. */
+static void *take_buffer(kw__conn *c, size_t min, size_t *cap)
 {
     void *b = c->spare;
     if (b != NULL && c->spare_cap >= min) {
@@ -229,26 +231,6 @@ static void queue_write(kw__conn *c, write_req *w, const uv_buf_t *b,
     }
 }
 
-/* Queues frame and then payload (both owned; payload may be NULL) for
- * writing to c in one writev. */
-static void send_bufs(kw__conn *c, uint8_t *frame, size_t len, void *payload,
-                      size_t plen, size_t pcap, bool close_after)
-{
-    write_req *w = calloc(1, sizeof *w);
-    if (c->closing || w == NULL) {
-        free(w);
-        free(frame);
-        free(payload);
-        return;
-    }
-    *w = (write_req){.conn = c, .frame = frame, .payload = payload,
-                     .payload_cap = pcap, .close_after = close_after,
-                     .bytes = len + plen};
-    uv_buf_t b[2] = {uv_buf_init((char *)frame, (unsigned)len),
-                     uv_buf_init(payload, (unsigned)plen)};
-    queue_write(c, w, b, payload ? 2 : 1);
-}
-
 /* What the socket takes at once of frame[0..len) then v's bytes, when
  * nothing is queued before them: the bytes written, or a libuv error. */
 static ssize_t write_now(kw__conn *c, uint8_t *frame, size_t len,
@@ -282,8 +264,7 @@ static void queue_view(kw__conn *c, write_req *w, size_t done, size_t len,
     if (hold && held_take(d)) {
         w->view = *v;
         held_link(c->l, w);
-    } else if ((w->payload = kw__conn_take_buffer(c, rest_len,
-                                                  &w->payload_cap)) != NULL) {
+    } else if ((w->payload = take_buffer(c, rest_len, &w->payload_cap)) != NULL) {
         memcpy(w->payload, rest, rest_len);
         rest = w->payload;
         d->held_copied += hold; /* the cap was full */
@@ -330,21 +311,16 @@ void kw__conn_send_view_frame(kw__conn *c, const uint8_t *frame, size_t len,
 void kw__conn_send_frame(kw__conn *c, uint8_t *frame, size_t len,
                          bool close_after)
 {
-    send_bufs(c, frame, len, NULL, 0, 0, close_after);
-}
-
-void kw__conn_send_owned(kw__conn *c, uint16_t type, const cJSON *header,
-                         void *payload, size_t payload_len, size_t cap)
-{
-    uint8_t *frame = NULL;
-    size_t len = 0;
-    int rc = kw_proto_encode_prefix(type, header, payload_len, &frame, &len);
-    if (rc < 0) {
-        free(payload);
-        kw__conn_error(c, rc, "reply could not be encoded", false);
+    write_req *w = calloc(1, sizeof *w);
+    if (c->closing || w == NULL) {
+        free(w);
+        free(frame);
         return;
     }
-    send_bufs(c, frame, len, payload, payload_len, cap, false);
+    *w = (write_req){.conn = c, .frame = frame, .close_after = close_after,
+                     .bytes = len};
+    uv_buf_t b = uv_buf_init((char *)frame, (unsigned)len);
+    queue_write(c, w, &b, 1);
 }
 
 void kw__conn_send(kw__conn *c, uint16_t type, const cJSON *header,
