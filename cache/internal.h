@@ -48,6 +48,7 @@
 #define KW__CACHE_FORMAT 1         /* "format" in "stats"; record version */
 #define KW__CACHE_PENDING_MAX 4096 /* digests waiting before get flushes */
 #define KW__CACHE_PENDING_CAP 8192 /* table slots: a power of two, 2 x MAX */
+#define KW__CACHE_FLUSH_HITS 256   /* hits per flush transaction (flush.c) */
 #define KW__CACHE_LRU_KEY 40       /* 8-byte tick + digest */
 #define KW__CACHE_POOL 16          /* idle read transactions kept */
 #define KW__CACHE_CORRUPT_MAX 64   /* corrupt digests queued (defer_writes) */

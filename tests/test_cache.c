@@ -138,6 +138,35 @@ Test(cache, stats_count_and_persist_across_reopen)
     kw_cache_close(c);
 }
 
+/* A flush writes its hits in transactions of a few hundred (flush.c):
+ * 3,000 digests with 1 to 3 hits each must all land, none twice. */
+Test(cache, flush_of_thousands_of_digests_writes_every_hit_once)
+{
+    enum { N = 3000 };
+    kw_cache *c = tc_open(dir, 64 * MIB, false);
+    for (uint64_t i = 0; i < N; i++)
+        tc_put(c, i, 64, false);
+    for (uint64_t i = 0; i < N; i++)
+        for (uint64_t h = 0; h <= i % 3; h++)
+            cr_assert_eq(tc_get_check(c, i, 64), 0);
+    cr_assert_eq(kw_cache_flush(c), 0);
+    kw_cache_close(c);
+    c = tc_open(dir, 64 * MIB, true); /* read-only: counts not written */
+    cr_assert_eq(tc_stats(c).hits, 2 * N, "1 + 2 + 3 hits per three");
+    for (uint64_t i = 0; i < N; i++) {
+        uint8_t d[KW_CACHE_DIGEST_LEN];
+        tc_digest(i, d);
+        kw_cache_info info;
+        void *got;
+        size_t n;
+        cr_assert_eq(kw_cache_get(c, d, &got, &n, &info), 0);
+        cr_assert_eq(info.hits, i % 3 + 1, "entry %llu: %u hits",
+                     (unsigned long long)i, (unsigned)info.hits);
+        free(got);
+    }
+    kw_cache_close(c);
+}
+
 Test(cache, put_of_existing_digest_keeps_first_blob)
 {
     kw_cache *c = tc_open(dir, 0, false);
