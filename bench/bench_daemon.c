@@ -573,14 +573,14 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s\n", usage_text);
         return 2;
     }
-    char dir[] = "/tmp/kw-bench-daemon-XXXXXX", cache[96], ksock[96], esock[96];
+    bench_tmp t;
+    char esock[128];
     static uint8_t digests[3][NBLOBS][32];
     static result res[3][MAX_RUNS][3];
-    if (mkdtemp(dir) == NULL)
+    if (bench_tmp_make(&t, "bench-daemon") < 0)
         return 1;
-    snprintf(cache, sizeof cache, "%s/cache", dir);
-    snprintf(ksock, sizeof ksock, "%s/k.sock", dir);
-    snprintf(esock, sizeof esock, "%s/e.sock", dir);
+    const char *cache = t.cache, *ksock = t.sock;
+    snprintf(esock, sizeof esock, "%s/e.sock", t.dir);
     srand(1);
     kw_client *kc = NULL; /* only proves kwarmd accepts */
     pid_t pid = populate(cache, digests) == 0
@@ -614,5 +614,5 @@ int main(int argc, char **argv)
     waitpid(pid, NULL, 0);
     if (rc < 0)
         fprintf(stderr, "bench_daemon: a measurement failed\n");
-    return rc < 0 ? 1 : 0;
+    return rc < 0 || bench_tmp_remove(&t) < 0 ? 1 : 0;
 }

@@ -157,15 +157,15 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: bench_flood [--seconds S] [--clients N<=64] [--json FILE]\n");
         return 2;
     }
-    char kwarmd[4200], dir[] = "/tmp/kw-flood-XXXXXX", sock[64], cache[64], digest[65];
+    char kwarmd[4200], digest[65];
+    bench_tmp t;
     bench_sibling("kwarmd", kwarmd, sizeof kwarmd);
     setenv("KWARM_TEST_INSTANT_COMPILE", "204800", 1);
-    if (mkdtemp(dir) == NULL)
+    if (bench_tmp_make(&t, "flood") < 0)
         return 1;
-    snprintf(sock, sizeof sock, "%s/s.sock", dir);
-    snprintf(cache, sizeof cache, "%s/c", dir);
+    const char *sock = t.sock;
     kw_client *c = NULL;
-    pid_t pid = bench_start_kwarmd(kwarmd, sock, cache, "1", NULL, &c);
+    pid_t pid = bench_start_kwarmd(kwarmd, sock, t.cache, "1", NULL, &c);
     if (pid < 0 || store_one(c, digest) < 0) {
         fprintf(stderr, "bench_flood: set-up failed\n");
         return 1;
@@ -206,7 +206,5 @@ int main(int argc, char **argv)
     kw_client_close(c);
     kill(pid, SIGTERM);
     waitpid(pid, NULL, 0);
-    char cmd[64];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    return system(cmd) == 0 && rc == 0 ? 0 : 1;
+    return bench_tmp_remove(&t) == 0 && rc == 0 ? 0 : 1;
 }

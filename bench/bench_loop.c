@@ -186,13 +186,13 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--json") == 0)
             json = argv[i + 1];
     }
-    char kwarmd[4200], dir[] = "/tmp/kw-bloop-XXXXXX", sock[64], cache[64];
+    char kwarmd[4200];
+    bench_tmp t;
     bench_sibling("kwarmd", kwarmd, sizeof kwarmd);
     setenv("KWARM_TEST_INSTANT_COMPILE", "1", 1);
-    if (mkdtemp(dir) == NULL)
+    if (bench_tmp_make(&t, "bloop") < 0)
         return 1;
-    snprintf(sock, sizeof sock, "%s/s.sock", dir);
-    snprintf(cache, sizeof cache, "%s/c", dir);
+    const char *sock = t.sock, *cache = t.cache;
     kw_client *c = NULL;
     pid_t pid = bench_start_kwarmd(kwarmd, sock, cache, "2", NULL, &c);
     if (pid < 0)
@@ -225,7 +225,5 @@ int main(int argc, char **argv)
     kw_client_close(c);
     kill(pid, SIGTERM);
     waitpid(pid, NULL, 0);
-    char cmd[64];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    return system(cmd) == 0 && rc == 0 ? 0 : 1;
+    return bench_tmp_remove(&t) == 0 && rc == 0 ? 0 : 1;
 }

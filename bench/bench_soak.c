@@ -177,15 +177,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s\n", usage);
         return 2;
     }
-    char dir[] = "/tmp/kw-soak-XXXXXX", sock[64], cache[64];
-    shared s = {.sock = sock, .config = bench_slurp(MODEL)};
+    bench_tmp tmp;
+    shared s = {.sock = tmp.sock, .config = bench_slurp(MODEL)};
     kw_client *c = NULL;
     char *res = NULL;
-    if (mkdtemp(dir) == NULL || s.config == NULL)
+    if (s.config == NULL || bench_tmp_make(&tmp, "soak") < 0)
         return 1;
-    snprintf(sock, sizeof sock, "%s/s.sock", dir);
-    snprintf(cache, sizeof cache, "%s/cache", dir);
-    pid_t pid = bench_start_kwarmd(bin, sock, cache, "2", loops, &c);
+    pid_t pid = bench_start_kwarmd(bin, tmp.sock, tmp.cache, "2", loops, &c);
     if (pid < 0 || kw_client_warmup(c, s.config, "{\"dcp_world\": 2}", "soak.json",
                                     NULL, NULL, &res) < 0 || manifest(&s, res) < 0) {
         fprintf(stderr, "soak: set-up failed\n");
@@ -240,5 +238,6 @@ int main(int argc, char **argv)
     kill(pid, SIGTERM);
     int st = 0;
     waitpid(pid, &st, 0);
+    ok = bench_tmp_remove(&tmp) == 0 && ok;
     return ok && WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : 1;
 }

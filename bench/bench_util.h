@@ -92,6 +92,33 @@ static inline void bench_sibling(const char *name, char *out, size_t cap)
     snprintf(out, cap, "%s/%s", n > 0 ? self : ".", name);
 }
 
+/* A fresh directory under /tmp for one run: dir, and inside it the paths
+ * a kwarmd or a cache of the run is given. */
+typedef struct bench_tmp {
+    char dir[64], sock[96], cache[96];
+} bench_tmp;
+
+/* Makes /tmp/kw-TAG-XXXXXX; prints why and returns -1 when it cannot. */
+static inline int bench_tmp_make(bench_tmp *t, const char *tag)
+{
+    snprintf(t->dir, sizeof t->dir, "/tmp/kw-%s-XXXXXX", tag);
+    if (mkdtemp(t->dir) == NULL) {
+        perror(t->dir);
+        return -1;
+    }
+    snprintf(t->sock, sizeof t->sock, "%s/s.sock", t->dir);
+    snprintf(t->cache, sizeof t->cache, "%s/cache", t->dir);
+    return 0;
+}
+
+/* Removes the run's directory and all in it; 0 or -1. */
+static inline int bench_tmp_remove(const bench_tmp *t)
+{
+    char cmd[96];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", t->dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
 /* Starts kwarmd (bin) on sock and cache with --jobs jobs, --loops loops
  * (NULL: kwarmd's default) and stderr to /dev/null, and connects *c once
  * it accepts (bounded wait).  Returns the pid, or -1. */

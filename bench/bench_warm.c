@@ -36,19 +36,18 @@ typedef struct opts {
 /* Seconds of one `kwarm prewarm --jobs jobs` into a fresh cache, or -1. */
 static double run_prewarm(const opts *o, const char *jobs)
 {
-    char kwarm[4200], dir[] = "/tmp/kw-bwarm-XXXXXX", cache[64], cmd[8600];
+    char kwarm[4200], cmd[8600];
+    bench_tmp t;
     bench_sibling("kwarm", kwarm, sizeof kwarm);
-    if (mkdtemp(dir) == NULL)
+    if (bench_tmp_make(&t, "bwarm") < 0)
         return -1;
-    snprintf(cache, sizeof cache, "%s/c", dir);
     snprintf(cmd, sizeof cmd, "'%s' prewarm --model '%s' --dcp-world %s --arch %s "
              "--cache %s --jobs %s --quiet --json >/dev/null", kwarm, o->model,
-             o->world, o->arch, cache, jobs);
+             o->world, o->arch, t.cache, jobs);
     double t0 = bench_now_ns();
     int st = system(cmd);
     double secs = (bench_now_ns() - t0) / 1e9;
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    if (system(cmd) != 0 || st != 0)
+    if (bench_tmp_remove(&t) < 0 || st != 0)
         return -1;
     return secs;
 }
@@ -56,17 +55,15 @@ static double run_prewarm(const opts *o, const char *jobs)
 /* Seconds of one warmup through a fresh kwarmd --jobs jobs, or -1. */
 static double run_daemon(const opts *o, const char *config, const char *jobs)
 {
-    char kwarmd[4200], dir[] = "/tmp/kw-bwarm-XXXXXX", sock[64], cache[64];
-    char dep[256], cmd[128];
+    char kwarmd[4200], dep[256];
+    bench_tmp t;
     kw_client *c = NULL;
     bench_sibling("kwarmd", kwarmd, sizeof kwarmd);
-    if (mkdtemp(dir) == NULL)
+    if (bench_tmp_make(&t, "bwarm") < 0)
         return -1;
-    snprintf(sock, sizeof sock, "%s/s.sock", dir);
-    snprintf(cache, sizeof cache, "%s/c", dir);
     snprintf(dep, sizeof dep, "{\"dcp_world\": %s, \"arch\": \"%s\"}", o->world,
              o->arch);
-    pid_t pid = bench_start_kwarmd(kwarmd, sock, cache, jobs, NULL, &c);
+    pid_t pid = bench_start_kwarmd(kwarmd, t.sock, t.cache, jobs, NULL, &c);
     double secs = -1;
     if (pid > 0) {
         char *res = NULL;
@@ -84,8 +81,7 @@ static double run_daemon(const opts *o, const char *config, const char *jobs)
         kill(pid, SIGTERM);
         waitpid(pid, NULL, 0);
     }
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    return system(cmd) == 0 ? secs : -1;
+    return bench_tmp_remove(&t) == 0 ? secs : -1;
 }
 
 
