@@ -6,6 +6,9 @@
 #include "kw_cache.h"
 #include "kw_keys.h"
 
+/* Each test's daemons are killed and their directories removed. */
+TestSuite(cli_socket, .fini = kwd_cleanup);
+
 #define V32 KW_FIXTURES "/deepseek-v3.2-exp.json"
 
 

@@ -10,6 +10,9 @@
 
 #include "kw_cache.h"
 
+/* Each test's daemons are killed and their directories removed. */
+TestSuite(held, .fini = kwd_cleanup);
+
 #define V32 "deepseek-v3.2-exp.json"
 #define BIG 204800   /* the stand-in cubin: far over a socket's buffer */
 #define GETS 20      /* pipelined per stuck client: 4 MB, under --max-output */

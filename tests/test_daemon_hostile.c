@@ -10,6 +10,9 @@
 #include <pwd.h>
 #include <sys/resource.h>
 
+/* Each test's daemons are killed and their directories removed. */
+TestSuite(hostile, .fini = kwd_cleanup);
+
 #define V32 "deepseek-v3.2-exp.json"
 
 /* ---- what kwarmd holds ---------------------------------------------------- */

@@ -6,6 +6,9 @@
 
 #include <regex.h>
 
+/* Each test's daemons are killed and their directories removed. */
+TestSuite(daemon_log, .fini = kwd_cleanup);
+
 #define V32 "deepseek-v3.2-exp.json"
 
 static bool matches(const char *text, const char *pattern)

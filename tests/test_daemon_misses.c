@@ -4,6 +4,9 @@
  * warmed.  `kwarm misses` must name the field, both values and the pin. */
 #include "daemon_util.h"
 
+/* Each test's daemons are killed and their directories removed. */
+TestSuite(daemon_misses, .fini = kwd_cleanup);
+
 #define DECOY_TOPK 512
 
 /* The composite fixture with a decoy "index_topk" at its root. */

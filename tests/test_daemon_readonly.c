@@ -8,6 +8,9 @@
 #include <pwd.h>
 #include <sys/mount.h>
 
+/* Each test's daemons are killed and their directories removed. */
+TestSuite(daemon_readonly, .fini = kwd_cleanup);
+
 #define V32 KW_FIXTURES "/deepseek-v3.2-exp.json"
 
 /* A cache of V32 prewarmed by us (root), readable by all. */

@@ -13,6 +13,9 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+/* Each test's daemons are killed and their directories removed. */
+TestSuite(scale, .fini = kwd_cleanup);
+
 #define V4 "deepseek-v4-flash.json"
 
 /* A model header for fixture with deployment {dcp_world, arch}. */

@@ -8,6 +8,9 @@
 
 #include "kw_client.h"
 
+/* Each test's daemons are killed and their directories removed. */
+TestSuite(daemon_warm, .fini = kwd_cleanup);
+
 #define V4 "deepseek-v4-flash.json"
 #define V32 "deepseek-v3.2-exp.json"
 

@@ -23,6 +23,7 @@ static void setup(void)
 
 static void teardown(void)
 {
+    kwd_cleanup();
     kw_test_rmtree(dir);
 }
 
