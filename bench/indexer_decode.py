@@ -8,10 +8,12 @@ DIR is what `bench_indexer DIR` wrote.  Each SPEC is TAG:CUBIN:NEXT_N[:SPLIT]
 is timed as the decode key of that next_n with indexer_bench.py's decode()
 (B=128 x 65,536 rows, pages of 64, 5 launches after 2 warm-ups, the median,
 two queries checked against float64), SPLIT 0 or absent picking the grid as
-indexer_bench.py does.  A variant cubin built from other sources with the
-same entry can be timed beside the key's own.  Copy bandwidth on this GPU
-moved between runs of one process (3.6 to 4.2 TB/s here), so both copies
-are printed and each row's ratio is against the first.
+indexer_bench.py does.  NEXT_N 0 times CUBIN as the prefill key instead
+(indexer_bench.py's prefill() without its peers).  A variant cubin built
+from other sources with the same entry can be timed beside the key's own.
+Copy bandwidth on this GPU moved between runs of one process (3.6 to 4.2
+TB/s here), so both copies are printed and each row's ratio is against the
+first.
 """
 import json
 import os
@@ -36,6 +38,15 @@ def main():
     for spec in specs:
         tag, cubin, nn, split = (spec + ":0").split(":")[:4]
         nn, split = int(nn), int(split)
+        if nn == 0:
+            k = ib.Kernel(d, cubin, {cubin: dict(meta["logits_prefill"])})
+            r = {}
+            ib.prefill(k, 5, r, peers=False)
+            bad += r["prefill_mismatches"]
+            print(f"{tag}: prefill {r['prefill_ms']:.3f} ms = {r['prefill_tflops']:.0f} TFLOP/s, "
+                  f"{r['prefill_mismatches']} mismatches", flush=True)
+            torch.cuda.empty_cache()
+            continue
         k = ib.Kernel(d, cubin, {cubin: dict(meta[f"logits_decode_n{nn}"])})
         r = {}
         ib.decode(k, nn, 5, r, split)
