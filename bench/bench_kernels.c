@@ -4,14 +4,18 @@
  * timed output.
  *
  * usage: bench_kernels [--model CONFIG] [--json FILE] [--dump DIR]
- *                      [--iters N] [--runs N]
+ *                      [--iters N] [--runs N] [--family F]...
  *
  * Keys come from the model (default tests/fixtures/deepseek-v3.2-exp.json)
  * under DCP world 8, rank 0, so every family has keys: the first key of
  * each family and every index_conversion key are timed.  Each of --runs
  * runs (default 5; the machine is noisy) times a 1 GiB copy and then every
  * kernel; a kernel's ratio in a run is its bandwidth over that run's copy,
- * and the table gives the median and the best of them.  --dump writes the
+ * and the table gives the median and the best of them.  --family (once
+ * per family) times only the families named: a whole DeepSeek-V4-Flash
+ * run printed nothing within 150 s on the H200 (2026-11-30), the same
+ * with --family index_conversion --family dcp_pack_topk_candidates took
+ * 8 s.  --dump writes the
  * dcp_stable_topk cubin and its entry name into DIR for the torch
  * comparison (bench/topk_torch.py).
  */
@@ -30,6 +34,8 @@
 typedef struct opts {
     const char *model, *json, *dump;
     int iters, runs;
+    bool family[KW_K_NFAMILIES]; /* --family given: time only these */
+    bool some_family;
 } opts;
 
 /* One timed key: what stays loaded across runs, and its samples. */
@@ -257,6 +263,15 @@ static void print_rows(FILE *json, const row *rows, size_t n, int runs,
         print_json(json, rows, n, runs, s[runs / 2], dev);
 }
 
+/* The family named name, or -1. */
+static int family_of(const char *name)
+{
+    for (int f = 0; f < KW_K_NFAMILIES; f++)
+        if (strcmp(kw_keys_family_name((kw_k_family)f), name) == 0)
+            return f;
+    return -1;
+}
+
 static int parse(opts *o, int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) {
@@ -271,9 +286,12 @@ static int parse(opts *o, int argc, char **argv)
             o->iters = atoi(v) > 0 ? atoi(v) : 20;
         else if (v != NULL && strcmp(argv[i], "--runs") == 0)
             o->runs = atoi(v) > 0 && atoi(v) <= MAX_RUNS ? atoi(v) : 5;
+        else if (v != NULL && strcmp(argv[i], "--family") == 0 &&
+                 family_of(v) >= 0)
+            o->family[family_of(v)] = o->some_family = true;
         else {
             fprintf(stderr, "usage: bench_kernels [--model CONFIG] [--json FILE] "
-                    "[--dump DIR] [--iters N] [--runs N]\n");
+                    "[--dump DIR] [--iters N] [--runs N] [--family F]...\n");
             return strcmp(argv[i], "--help") == 0 ? 0 : 2;
         }
         i++;
@@ -290,7 +308,8 @@ static size_t setup_all(kw_cuda *cu, const kw_keys_set *set, const opts *o,
     bool seen[KW_K_NFAMILIES] = {false};
     for (size_t i = 0; i < set->nkeys; i++) {
         const kw_keys_key *k = &set->keys[i];
-        if (seen[k->family] && k->family != KW_K_INDEX_CONVERSION)
+        if ((seen[k->family] && k->family != KW_K_INDEX_CONVERSION) ||
+            (o->some_family && !o->family[k->family]))
             continue;
         seen[k->family] = true;
         setup_key(cu, k, o, &rows[n++]);
