@@ -336,7 +336,7 @@ static void time_runs(kw_cuda *cu, const copy_bufs *cb, const opts *o,
 
 int main(int argc, char **argv)
 {
-    opts o = {"tests/fixtures/deepseek-v3.2-exp.json", NULL, NULL, 20, 5};
+    opts o = {.model = "tests/fixtures/deepseek-v3.2-exp.json", .iters = 20, .runs = 5};
     kw_keys_set set = {0};
     kw_cuda *cu = NULL;
     copy_bufs cb = {0, 0, (size_t)1 << 30};
