@@ -73,7 +73,7 @@ static void *soak_big_warmups(void *arg)
         return NULL;
     }
     kw_client_set_timeout(c, 0);
-    for (int world = 400; bench_now_ns() < s->deadline; world++) {
+    for (int world = s->world; bench_now_ns() < s->deadline; world = ++s->world) {
         double next = bench_now_ns() + 60e9;
         char dep[96], *res = NULL;
         snprintf(dep, sizeof dep, "{\"dcp_world\": %d, \"arch\": \"sm_90,sm_100\"}", world);
