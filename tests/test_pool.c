@@ -488,6 +488,39 @@ Test(pool, workers_hold_only_stdin_stdout_stderr)
     close(leaky);
 }
 
+/* Workers run with NVRTC's own compile cache off (pool_worker.c), whatever
+ * the caller's environment says. */
+Test(pool, workers_run_with_the_nvrtc_cache_off)
+{
+    setenv("CUDA_CACHE_DISABLE", "0", 1);
+    setenv("KW_TEST_POOL_MARK", "kept", 1);
+    kw__pool *p = start_pool(2, 0, 0);
+    pid_t pids[8];
+    cr_assert_eq(worker_pids(pids, 8), 2);
+    for (int i = 0; i < 2; i++) {
+        char path[64], env[65536];
+        snprintf(path, sizeof path, "/proc/%d/environ", (int)pids[i]);
+        FILE *f = fopen(path, "rb");
+        cr_assert_not_null(f, "%s: %s", path, strerror(errno));
+        size_t n = fread(env, 1, sizeof env - 1, f);
+        fclose(f);
+        env[n] = '\0';
+        int seen = 0, mark = 0;
+        for (size_t at = 0; at < n; at += strlen(env + at) + 1) {
+            if (strncmp(env + at, "CUDA_CACHE_DISABLE=", 19) == 0) {
+                cr_expect_str_eq(env + at, "CUDA_CACHE_DISABLE=1");
+                seen++;
+            }
+            mark += strcmp(env + at, "KW_TEST_POOL_MARK=kept") == 0;
+        }
+        cr_expect_eq(seen, 1, "worker %d: %d settings", (int)pids[i], seen);
+        cr_expect_eq(mark, 1, "worker %d: the rest is passed on", (int)pids[i]);
+    }
+    kw__pool_stop(p);
+    unsetenv("CUDA_CACHE_DISABLE");
+    unsetenv("KW_TEST_POOL_MARK");
+}
+
 Test(pool, malformed_key_is_refused_without_costing_a_worker)
 {
     kw__pool *p = start_pool(1, 0, 0);
