@@ -73,6 +73,7 @@ int main(int argc, char **argv)
 {
     const char *model = "tests/fixtures/deepseek-v3.2-exp.json", *world = "2";
     const char *json_path = NULL;
+    bench_real_compiles();
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (v && strcmp(argv[i], "--model") == 0)

@@ -10,7 +10,8 @@
  * and compiles all N keys from `jobs` caller threads.  --threads adds the
  * same compiles as in-process threads (kw_keys_compile), which is what the
  * pool replaces: on the H200 host those do not run in parallel.  No cache is
- * involved, so every run compiles for real.  With --repeat R each row is
+ * involved, NVRTC's own included (bench_real_compiles), so every run
+ * compiles for real.  With --repeat R each row is
  * run R times and the fastest is shown (a shared machine is noisy).  The helper is found as kwarmd
  * finds it (KWARM_COMPILE_HELPER, else beside this binary).
  */
@@ -182,6 +183,7 @@ int main(int argc, char **argv)
     int rc = parse_args(argc, argv, &a);
     if (rc >= 0)
         return rc;
+    bench_real_compiles();
     unsigned jobs[MAX_RUNS];
     size_t njobs = parse_jobs(a.jobs, jobs);
     kw_keys_set set;

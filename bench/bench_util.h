@@ -92,6 +92,17 @@ static inline void bench_sibling(const char *name, char *out, size_t cap)
     snprintf(out, cap, "%s/%s", n > 0 ? self : ".", name);
 }
 
+/* Turns NVRTC's own compile cache off for this process (and the compile
+ * helpers it starts, which have it off anyway): NVRTC 13 keeps compiles
+ * in the driver's compute cache where a driver runs, so on a GPU host a
+ * bench that compiles the same keys twice would time cache hits (64 keys:
+ * 0.84 s against 6.5 s on the H200 host).  A bench of compile cost must
+ * time compiles. */
+static inline void bench_real_compiles(void)
+{
+    setenv("CUDA_CACHE_DISABLE", "1", 1);
+}
+
 /* A fresh directory under /tmp for one run: dir, and inside it the paths
  * a kwarmd or a cache of the run is given. */
 typedef struct bench_tmp {
