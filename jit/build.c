@@ -3,7 +3,8 @@
  * The family's kernel is one template whose parameters are the key's fields
  * in order (kernels/), so a key renders to a name expression such as
  * "kw_k_dcp_stable_topk<2048, 16384>"; the program is kernels/<family>.cu
- * with every shared kernels/ header supplied as an NVRTC named header.
+ * with the kernels/ headers it includes (kw_k_source_uses, the same files
+ * its digest hashes) supplied as NVRTC named headers.
  */
 #include "kw_keys.h"
 
@@ -23,19 +24,23 @@ int kw_keys_jit_req(const kw_keys_key *k, kw_keys_build *b, kw_jit_req *req)
         return rc;
     const char *src_name = kw_k_source_name(k->family);
     const kw_k_file *src = NULL;
+    bool use[KW_K_MAX_FILES];
+    if (kw_k_nfiles > KW_K_MAX_FILES)
+        return KW_ENOSPC;
+    if (kw_k_source_uses(kw_k_files, kw_k_nfiles, src_name, use) < 0)
+        return KW_ENOFAMILY; /* the build embedded no source for it */
     for (size_t i = 0; i < kw_k_nfiles; i++) {
         const char *n = kw_k_files[i].name;
-        size_t len = strlen(n);
+        if (!use[i])
+            continue;
         if (strcmp(n, src_name) == 0)
             src = &kw_k_files[i];
-        else if (len > 4 && strcmp(n + len - 4, ".cuh") == 0 &&
-                 b->nheaders < KW_KEYS_MAX_HEADERS) {
+        else if (b->nheaders < KW_KEYS_MAX_HEADERS) {
             b->headers[b->nheaders].name = n;
             b->headers[b->nheaders++].text = kw_k_files[i].text;
-        }
+        } else
+            return KW_ENOSPC;
     }
-    if (src == NULL)
-        return KW_ENOFAMILY; /* the build embedded no source for it */
     req->source = src->text;
     req->source_name = src->name;
     req->headers = b->headers;

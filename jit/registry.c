@@ -1,8 +1,8 @@
 /* registry.c: the kernel family registry and the key digest (§6).
  *
  * A family is its kernels/ entry (name, fields and their kinds in the
- * spec's order, the embedded source kernels/<name>.cu plus every shared
- * header, the arch it builds for) and its key derivation (keys.c).
+ * spec's order, the embedded source kernels/<name>.cu plus the headers it
+ * includes, the arch it builds for) and its key derivation (keys.c).
  */
 #include "kw_keys.h"
 
@@ -62,24 +62,27 @@ static void put_str(crypto_generichash_state *st, const char *s, size_t n)
     crypto_generichash_update(st, (const uint8_t *)s, n);
 }
 
-/* Digest of a family's device source: kernels/<name>.cu and every shared
- * header, name and text, in the embedded (sorted) order.  A family whose
- * source is not built yet hashes as the empty source. */
-static void source_digest(kw_k_family f, uint8_t out[KW_KEYS_DIGEST_LEN])
+/* Digest of a family's device source: kernels/<name>.cu and the headers
+ * it includes (kw_k_source_uses), name and text, in the embedded (sorted)
+ * order.  A family whose source is not built yet hashes as the empty
+ * source.  KW_ENOSPC when the build embedded more than KW_K_MAX_FILES. */
+static int source_digest(kw_k_family f, uint8_t out[KW_KEYS_DIGEST_LEN])
 {
+    bool use[KW_K_MAX_FILES];
+    if (kw_k_nfiles > KW_K_MAX_FILES)
+        return KW_ENOSPC;
+    if (kw_k_source_uses(kw_k_files, kw_k_nfiles, kw_k_source_name(f), use) < 0)
+        memset(use, 0, sizeof use);
     crypto_generichash_state st;
-    const char *cu = kw_k_source_name(f);
     crypto_generichash_init(&st, NULL, 0, KW_KEYS_DIGEST_LEN);
     for (size_t i = 0; i < kw_k_nfiles; i++) {
-        const char *n = kw_k_files[i].name;
-        size_t len = strlen(n);
-        bool header = len > 4 && strcmp(n + len - 4, ".cuh") == 0;
-        if (!header && strcmp(n, cu) != 0)
+        if (!use[i])
             continue;
-        put_str(&st, n, len);
+        put_str(&st, kw_k_files[i].name, strlen(kw_k_files[i].name));
         put_str(&st, kw_k_files[i].text, kw_k_files[i].len);
     }
     crypto_generichash_final(&st, out, KW_KEYS_DIGEST_LEN);
+    return 0;
 }
 
 int kw__keys_digest_init(kw__keys_digest_ctx *ctx)
@@ -89,9 +92,10 @@ int kw__keys_digest_init(kw__keys_digest_ctx *ctx)
         return rc;
     if (sodium_init() < 0)
         return KW_ENOMEM;
-    for (int f = 0; f < KW_K_NFAMILIES; f++)
-        source_digest((kw_k_family)f, ctx->source[f]);
-    return 0;
+    rc = 0;
+    for (int f = 0; f < KW_K_NFAMILIES && rc == 0; f++)
+        rc = source_digest((kw_k_family)f, ctx->source[f]);
+    return rc;
 }
 
 void kw__keys_digest_with(const kw__keys_digest_ctx *ctx, const kw_keys_key *k,

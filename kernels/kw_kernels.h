@@ -41,6 +41,19 @@ typedef struct kw_k_file {
 extern const kw_k_file kw_k_files[];
 extern const size_t kw_k_nfiles;
 
+/* The most files kw_k_files may hold (callers size use[] arrays by it). */
+#define KW_K_MAX_FILES 64
+
+/* Marks in use[i] (n entries) the files of files[] that the source named
+ * `source` uses: itself and every .cuh it includes with `#include
+ * "NAME"`, transitively.  What a key's digest hashes and what NVRTC is
+ * given.  KW_ENOFAMILY when no file is named `source`. */
+int kw_k_source_uses(const kw_k_file *files, size_t n, const char *source,
+                     bool *use);
+
+/* Whether text has a line `#include "name"` (spaces allowed around '#'). */
+bool kw_k_text_includes(const char *text, size_t len, const char *name);
+
 /* Device operations supplied by the caller (client/'s CUDA loader on a GPU,
  * a host stand-in in tests), so kernels/ never includes a CUDA header.
  * launch runs the one kernel the check was built for; args are as

@@ -120,9 +120,24 @@ Test(build, key_renders_its_family_source_headers_and_name_expression)
     cr_assert_str_eq(req.name_expr, "kw_k_dcp_stable_topk<2048,16384>");
     cr_assert_str_eq(req.source_name, "dcp_stable_topk.cu");
     cr_assert_str_eq(req.arch, "sm_90");
-    cr_assert_geq(req.nheaders, 1);
-    for (size_t i = 0; i < req.nheaders; i++)
-        cr_assert(strstr(req.headers[i].name, ".cuh") != NULL);
+    cr_assert_eq(req.nheaders, 0, "it includes no kernels/ header");
+    /* NVRTC gets the headers a source includes, and only those */
+    keylist l = {0};
+    add_keys(&l, "glm-5.2.json", "2");
+    int seen[2] = {0, 0};
+    for (size_t i = 0; i < l.n; i++) {
+        int which = l.keys[i].family == KW_K_INDEX_CONVERSION ? 0
+                    : l.keys[i].family == KW_K_INDEXER_LOGITS ? 1 : -1;
+        if (which < 0)
+            continue;
+        const char *want = which == 0 ? "kw_k_dcp.cuh" : "kw_k_il_ptx.cuh";
+        cr_assert_eq(kw_keys_jit_req(&l.keys[i], &b, &req), 0);
+        cr_assert_eq(req.nheaders, 1, "%s: %zu headers", want, req.nheaders);
+        cr_assert_str_eq(req.headers[0].name, want);
+        seen[which]++;
+    }
+    cr_assert(seen[0] > 0 && seen[1] > 0, "both families among the keys");
+    free(l.keys);
 }
 
 Test(build, invalid_key_fields_are_refused_before_nvrtc)

@@ -407,6 +407,55 @@ Test(kcheck, every_family_source_is_embedded_with_the_shared_header)
     }
 }
 
+Test(kcheck, include_lines_are_found_with_any_spacing_and_only_as_directives)
+{
+    static const char t[] = "int x;\n  #  include   \"a.cuh\"\n"
+                            "// #include \"b.cuh\"\n#include \"c.cuh\" // why\n"
+                            "#include <d.cuh>\n#include \"e.cuhx\"\n#include \"f.cuh\"";
+    cr_assert(kw_k_text_includes(t, sizeof t - 1, "a.cuh"));
+    cr_assert_not(kw_k_text_includes(t, sizeof t - 1, "b.cuh"), "a comment");
+    cr_assert(kw_k_text_includes(t, sizeof t - 1, "c.cuh"));
+    cr_assert_not(kw_k_text_includes(t, sizeof t - 1, "d.cuh"), "<> is the toolkit's");
+    cr_assert_not(kw_k_text_includes(t, sizeof t - 1, "e.cuh"), "another name");
+    cr_assert(kw_k_text_includes(t, sizeof t - 1, "f.cuh"), "last line, no newline");
+    cr_assert_not(kw_k_text_includes(t, sizeof t - 2, "f.cuh"), "cut short");
+}
+
+/* A source uses itself and what it includes, through nested headers; no
+ * other header (so editing one changes only its includers' digests). */
+Test(kcheck, a_source_uses_exactly_the_headers_it_includes)
+{
+#define F(n, t) {n, t, sizeof t - 1}
+    static const kw_k_file files[] = {
+        F("a.cu", "#include \"x.cuh\"\n"), F("b.cu", "int b;\n"),
+        F("x.cuh", "#include \"y.cuh\"\n"), F("y.cuh", "int y;\n"),
+        F("z.cuh", "#include \"x.cuh\"\n")};
+#undef F
+    bool use[5];
+    cr_assert_eq(kw_k_source_uses(files, 5, "a.cu", use), 0);
+    cr_assert(use[0] && !use[1] && use[2] && use[3] && !use[4]);
+    cr_assert_eq(kw_k_source_uses(files, 5, "b.cu", use), 0);
+    cr_assert(!use[0] && use[1] && !use[2] && !use[3] && !use[4]);
+    cr_assert_eq(kw_k_source_uses(files, 5, "c.cu", use), KW_ENOFAMILY);
+    /* the embedded sources: each family's headers, and no other */
+    bool u[KW_K_MAX_FILES];
+    cr_assert_leq(kw_k_nfiles, KW_K_MAX_FILES);
+    for (int f = 0; f < KW_K_NFAMILIES; f++) {
+        cr_assert_eq(kw_k_source_uses(kw_k_files, kw_k_nfiles,
+                                      kw_k_source_name((kw_k_family)f), u), 0);
+        for (size_t i = 0; i < kw_k_nfiles; i++) {
+            bool il = strcmp(kw_k_files[i].name, "kw_k_il_ptx.cuh") == 0;
+            if (il)
+                cr_expect_eq(u[i], f == KW_K_INDEXER_LOGITS, "%s uses %s: %d",
+                             kw_k_source_name((kw_k_family)f), kw_k_files[i].name, u[i]);
+            if (strcmp(kw_k_files[i].name, "kw_k_dcp.cuh") == 0)
+                cr_expect_eq(u[i], f <= KW_K_DCP_PACK_TOPK_CANDIDATES,
+                             "%s uses %s: %d", kw_k_source_name((kw_k_family)f),
+                             kw_k_files[i].name, u[i]);
+        }
+    }
+}
+
 Test(kcheck, presets_grow_from_edge_to_production)
 {
     for (int i = 0; i < KW_K_NFAMILIES; i++) {
