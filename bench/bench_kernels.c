@@ -312,6 +312,8 @@ static size_t setup_all(kw_cuda *cu, const kw_keys_set *set, const opts *o,
             (o->some_family && !o->family[k->family]))
             continue;
         seen[k->family] = true;
+        fprintf(stderr, "bench_kernels: %s: compile, inputs at production size\n",
+                kw_keys_family_name(k->family));
         setup_key(cu, k, o, &rows[n++]);
     }
     return n;
@@ -331,6 +333,7 @@ static void time_runs(kw_cuda *cu, const copy_bufs *cb, const opts *o,
             double gbps = w->ms[r] > 0 ? w->bytes / (w->ms[r] / 1e3) / 1e9 : 0;
             w->frac[r] = copies[r] > 0 ? gbps / copies[r] : 0;
         }
+        fprintf(stderr, "bench_kernels: run %d of %d timed\n", r + 1, o->runs);
     }
 }
 
@@ -362,6 +365,8 @@ int main(int argc, char **argv)
     size_t n = setup_all(cu, &set, &o, rows);
     time_runs(cu, &cb, &o, rows, n, copies);
     for (size_t i = 0; i < n; i++) {
+        fprintf(stderr, "bench_kernels: %s: output against the CPU reference\n",
+                rows[i].family);
         finish_key(&rows[i], o.runs);
         bad |= rows[i].rc < 0 || strcmp(rows[i].check, "ok") != 0;
     }
