@@ -270,11 +270,16 @@ static void on_progress(const char *json, void *arg)
     cJSON_Delete(h);
 }
 
-/* Runs a warmup of the composite fixture; returns its parsed result. */
+/* Runs a warmup of the composite fixture; returns its parsed result.  Its
+ * keys compile for real, and a frame comes only as a compile ends, so the
+ * wait per frame is a compile's worst case on a loaded CI machine under
+ * ASan, not the 10 s of the other requests (as kwarm warmup waits). */
 static cJSON *warmup(kw_client *c, progress_log *p)
 {
     char *cfg = config_text(), *res = NULL;
+    kw_client_set_timeout(c, 120000);
     int rc = kw_client_warmup(c, cfg, NULL, NULL, on_progress, p, &res);
+    kw_client_set_timeout(c, 10000);
     cr_assert_eq(rc, 0, "warmup: %s", kw_client_last_error(c));
     cJSON *doc = cJSON_Parse(res);
     cr_assert_not_null(doc);
