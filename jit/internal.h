@@ -49,7 +49,8 @@ typedef struct kw__keys_digest_ctx {
     uint8_t source[KW_K_NFAMILIES][KW_KEYS_DIGEST_LEN];
 } kw__keys_digest_ctx;
 
-/* Fills ctx.  Returns 0 or the NVRTC version query's error. */
+/* Fills ctx (computed at the first call, then copied).  Returns 0 or the
+ * NVRTC version query's error. */
 int kw__keys_digest_init(kw__keys_digest_ctx *ctx);
 
 /* Computes k's digest (§6) with ctx; k->family must be valid. */

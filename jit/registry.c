@@ -6,6 +6,7 @@
  */
 #include "kw_keys.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -85,17 +86,30 @@ static int source_digest(kw_k_family f, uint8_t out[KW_KEYS_DIGEST_LEN])
     return 0;
 }
 
+/* The context, computed once per process: the embedded sources and the
+ * NVRTC loaded do not change while it runs, and recomputing it cost every
+ * kw_keys_digest() call (kwarmd's get by fields among them) about 140 us
+ * of hashing, 170 us once headers were followed by include. */
+static kw__keys_digest_ctx g_ctx;
+static int g_ctx_rc;
+static pthread_once_t g_ctx_once = PTHREAD_ONCE_INIT;
+
+static void ctx_init_once(void)
+{
+    int rc = kw_jit_version(&g_ctx.nvrtc_major, &g_ctx.nvrtc_minor);
+    if (rc == 0 && sodium_init() < 0)
+        rc = KW_ENOMEM;
+    for (int f = 0; f < KW_K_NFAMILIES && rc == 0; f++)
+        rc = source_digest((kw_k_family)f, g_ctx.source[f]);
+    g_ctx_rc = rc;
+}
+
 int kw__keys_digest_init(kw__keys_digest_ctx *ctx)
 {
-    int rc = kw_jit_version(&ctx->nvrtc_major, &ctx->nvrtc_minor);
-    if (rc < 0)
-        return rc;
-    if (sodium_init() < 0)
-        return KW_ENOMEM;
-    rc = 0;
-    for (int f = 0; f < KW_K_NFAMILIES && rc == 0; f++)
-        rc = source_digest((kw_k_family)f, ctx->source[f]);
-    return rc;
+    pthread_once(&g_ctx_once, ctx_init_once);
+    if (g_ctx_rc == 0)
+        *ctx = g_ctx;
+    return g_ctx_rc;
 }
 
 void kw__keys_digest_with(const kw__keys_digest_ctx *ctx, const kw_keys_key *k,
