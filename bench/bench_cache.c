@@ -21,9 +21,7 @@
  * is reported as the median and the best of the runs, beside its aim
  * (issue 14), as a table and as JSON (stdout, and FILE with --json).
  */
-#define _XOPEN_SOURCE 700 /* nftw() is XSI */
 #include <fcntl.h>
-#include <ftw.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -95,15 +93,6 @@ static int populate_one(const kw_keys_key *key, const char *dir, kw_cache *c,
         put_file(b->meta, meta, (size_t)n) < 0)
         return -1;
     return 0;
-}
-
-/* nftw callback removing one entry of the temporary tree. */
-static int rm_entry(const char *path, const struct stat *st, int flag,
-                    struct FTW *ftw)
-{
-    (void)st;
-    (void)ftw;
-    return flag == FTW_DP ? rmdir(path) : unlink(path);
 }
 
 /* Reads a whole file into buf (cap bytes); returns bytes read or -1. */
@@ -386,7 +375,7 @@ int main(int argc, char **argv)
             return 1;
     report(&r, b, set.nkeys, iters, json);
     kw_cache_close(c);
-    return nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS) == 0 && k.acc != 1
+    return bench_rmtree(dir) == 0 && k.acc != 1
                ? 0
                : 1;
 }

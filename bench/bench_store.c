@@ -47,9 +47,8 @@ static void on_result(const kw_warm_result *r, void *arg)
  * batch keys per commit; -1 on failure. */
 static double run_once(const char *dir, const kw_keys_set *set, unsigned batch)
 {
-    char cmd[600], err[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0)
+    char err[512];
+    if (bench_rmtree(dir) < 0)
         return -1;
     kw_cache *c = NULL;
     kw_cache_opts co = {.dir = dir, .max_size = 4ull << 30};
@@ -126,8 +125,6 @@ int main(int argc, char **argv)
             fclose(f);
         }
     }
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     kw_keys_set_destroy(&set);
-    return system(cmd) == 0 ? 0 : 1;
+    return bench_rmtree(dir) == 0 ? 0 : 1;
 }

@@ -122,12 +122,19 @@ static inline int bench_tmp_make(bench_tmp *t, const char *tag)
     return 0;
 }
 
+/* Removes dir and all in it (none there is fine); 0 or -1. */
+static inline int bench_rmtree(const char *dir)
+{
+    char cmd[PATH_MAX + 16];
+    if (snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir) >= (int)sizeof cmd)
+        return -1;
+    return system(cmd) == 0 ? 0 : -1;
+}
+
 /* Removes the run's directory and all in it; 0 or -1. */
 static inline int bench_tmp_remove(const bench_tmp *t)
 {
-    char cmd[96];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", t->dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return bench_rmtree(t->dir);
 }
 
 /* Starts kwarmd (bin) on sock and cache with --jobs jobs, --loops loops
