@@ -20,8 +20,13 @@
 #include "kw_proto.h"
 
 /* Bounds the connect, and every wait of the short requests (ping, stats).
- * Warmups and compiling gets then wait as long as compiles take. */
+ * Compiling gets then wait as long as a compile takes. */
 #define CLI_TIMEOUT_MS 10000
+/* A warmup's wait for its next frame (--wait-timeout): kwarmd sends one
+ * at least every 2 s while a warmup runs (a heartbeat while compiles are
+ * slow), so a minute of silence means kwarmd is stuck, not busy. */
+#define CLI_WAIT_S 60
+#define CLI_WAIT_MAX_S 86400
 
 static const char socket_help[] =
     "  --socket PATH              kwarmd's socket ($KWARM_SOCKET, else\n"
@@ -37,11 +42,12 @@ static const char ping_usage[] =
 static const char warmup_usage[] =
     "usage: kwarm warmup --model CONFIG.json [DEPLOYMENT] [--socket PATH] "
     "[--json]\n"
-    "                    [--quiet] [--pin NAME]\n"
+    "                    [--quiet] [--pin NAME] [--wait-timeout S]\n"
     "\n"
     "Asks a running kwarmd to compile every key of this model and deployment\n"
     "that its cache lacks, showing progress and each failed key's NVRTC log;\n"
-    "exit 1 when a key failed or kwarmd stopped before the end.\n"
+    "exit 1 when a key failed, kwarmd stopped before the end, or it sent\n"
+    "nothing for --wait-timeout.\n"
     "\n"
     "  --json                     one document: keys, hits, remote_hits,\n"
     "                             compiled, failed, cancelled, seconds and\n"
@@ -49,7 +55,10 @@ static const char warmup_usage[] =
     "  --quiet                    no progress on stderr\n"
     "  --pin NAME                 once every key is cached, keep the\n"
     "                             deployment's entries as the pin set NAME\n"
-    "                             (never evicted until kwarm unpin NAME)\n";
+    "                             (never evicted until kwarm unpin NAME)\n"
+    "  --wait-timeout S           give up when kwarmd sends nothing for S\n"
+    "                             seconds, in [1, 86400] (60); it sends a\n"
+    "                             frame at least every 2 s while it works\n";
 
 static const char get_usage[] =
     "usage: kwarm get (--digest HEX | --family F --fields k=v,... --arch sm_XX)\n"
@@ -385,6 +394,7 @@ typedef struct warm_opts {
     kw__cli_model a;
     const char *socket, *pin;
     bool json, quiet;
+    unsigned wait_s; /* --wait-timeout */
 } warm_opts;
 
 /* The deployment kwarmd should use: every field the flags or --deploy
@@ -519,11 +529,15 @@ static int warmup_run(warm_opts *o, const char *config, const char *dep)
     int rc = connect_to("warmup", o->socket, &c);
     if (rc != KW_CLI_OK)
         return rc;
-    kw_client_set_timeout(c, 0); /* progress comes as compiles finish */
+    kw_client_set_timeout(c, (int)(o->wait_s * 1000));
     rc = o->pin ? kw_client_warmup_pin(c, config, dep, o->a.model, o->pin,
                                        on_progress, &v, &result)
                 : kw_client_warmup(c, config, dep, o->a.model, on_progress, &v,
                                    &result);
+    if (rc == -ETIMEDOUT)
+        kw__cli_err("warmup", "kwarmd at %s sent nothing for %u s, not even the "
+                    "heartbeat it sends every 2 s: it looks stuck (see its log)",
+                    kw_client_path(c), o->wait_s);
     if (rc < 0)
         rc = request_failed("warmup", c, rc);
     else
@@ -531,6 +545,23 @@ static int warmup_run(warm_opts *o, const char *config, const char *dep)
     free(result);
     kw_client_close(c);
     return rc;
+}
+
+/* Reads --wait-timeout's value at argv[*i + 1]; 0, or -1 after printing
+ * the error. */
+static int wait_arg(int argc, char **argv, int *i, unsigned *s)
+{
+    const char *v = kw__cli_value("warmup", argc, argv, i);
+    uint64_t x;
+    if (v == NULL)
+        return -1;
+    if (kw_parse_u64(v, CLI_WAIT_MAX_S, &x) < 0 || x == 0) {
+        kw__cli_err("warmup", "--wait-timeout: '%.32s' is not a number of "
+                    "seconds in [1, %d]", v, CLI_WAIT_MAX_S);
+        return -1;
+    }
+    *s = (unsigned)x;
+    return 0;
 }
 
 /* Parses warmup's arguments; returns -1 to go on, else an exit code. */
@@ -551,6 +582,9 @@ static int warmup_parse(warm_opts *o, int argc, char **argv)
         else if (kw__cli_is(argv[i], "--pin")) {
             if ((o->pin = kw__cli_value("warmup", argc, argv, &i)) == NULL)
                 return KW_CLI_USAGE;
+        } else if (kw__cli_is(argv[i], "--wait-timeout")) {
+            if (wait_arg(argc, argv, &i, &o->wait_s) < 0)
+                return KW_CLI_USAGE;
         }
         else if (is_help(argv[i]))
             return print_usage(warmup_usage, true);
@@ -562,7 +596,8 @@ static int warmup_parse(warm_opts *o, int argc, char **argv)
 
 int kw__cli_warmup(int argc, char **argv)
 {
-    warm_opts o = {.socket = NULL, .pin = NULL, .json = false, .quiet = false};
+    warm_opts o = {.socket = NULL, .pin = NULL, .json = false, .quiet = false,
+                   .wait_s = CLI_WAIT_S};
     char *config = NULL, *dep = NULL;
     kw__cli_model_init(&o.a);
     int rc = warmup_parse(&o, argc, argv);

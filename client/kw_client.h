@@ -29,8 +29,12 @@
  *
  * Timeouts: the timeout given to kw_client_connect() (or set later) bounds
  * the connect and each wait for the daemon (to accept bytes, or to send the
- * next ones), not a whole request: a warmup streams a PROGRESS frame per
- * key, so it only needs a timeout above the longest single compile plus its
+ * next ones), not a whole request: a warmup streams its results as keys
+ * settle, and kwarmd sends a PROGRESS frame with no results when a warmup
+ * has been silent for 2 s (a heartbeat, while a compile is slow), so a
+ * timeout of a few seconds is enough once the keys are derived (a
+ * deployment of 100,000 keys takes under a second).  A get that compiles
+ * gets no heartbeat: it needs a timeout above the longest compile plus its
  * queueing.  A timeout <= 0 waits forever.
  */
 #ifndef KW_CLIENT_H

@@ -57,6 +57,8 @@ static kw__req *req_new(kw__conn *c, uint16_t type, const cJSON *hdr)
     r->pid = c->pid;
     c->l->nreqs++;
     kw__conn_begin(c, r);
+    if (type == KW_PROTO_WARMUP)
+        kw__heartbeat_begin(r);
     return r;
 }
 
@@ -68,6 +70,8 @@ void kw__daemon_request_end(kw__req *r)
     kw__metrics_request(d, r->type, !r->failed);
     if (r->type == KW_PROTO_GET)
         kw__metrics_get(d, (uint64_t)((now_s() - r->t0) * 1e9));
+    if (r->type == KW_PROTO_WARMUP)
+        kw__heartbeat_end(r);
     kw_warm_job_release(r->job);
     kw_keys_set_destroy(&r->set);
     cJSON_Delete(r->header);

@@ -27,6 +27,8 @@
                                     then are closed whatever they wait on */
 #define KW__STREAM_KEYS 256      /* keys or results per streamed frame */
 #define KW__STREAM_BYTES (256u * 1024u) /* JSON bytes per streamed frame, about */
+#define KW__HEARTBEAT_MS 2000    /* a warmup silent this long gets an empty
+                                    PROGRESS frame (heartbeat.c) */
 
 typedef struct kw__conn kw__conn;
 typedef struct kw__req kw__req;
@@ -119,6 +121,8 @@ struct kw__loop {
     struct write_req *held_head, *held_tail;
     _Atomic size_t nheld;
     kw__hits *hits;     /* reply headers of recent hits (hits.c), or NULL */
+    uv_timer_t heartbeat; /* runs while nwarmups > 0 (heartbeat.c) */
+    size_t nwarmups;    /* warmup requests of this loop not yet over */
     kw__conn *conns;    /* this loop's open connections */
     size_t nreqs;       /* requests on them not yet over */
     bool stopping;      /* told to stop: serve what is under way, then end */
@@ -193,6 +197,11 @@ struct kw__req {
     cJSON *batch;      /* results not yet sent */
     size_t batch_n, batch_bytes;
     bool pin_failed;   /* "pin" asked, but the set was not recorded */
+    /* warmup's heartbeat (heartbeat.c): frames posted and not yet sent,
+     * "done" of the last PROGRESS built, the key count once the keys went
+     * to warm (0 before), and (loop thread) uv_now() of the last frame */
+    _Atomic size_t hb_pending, hb_done, hb_total;
+    uint64_t hb_last;
     /* get: the key, and its compile's outcome */
     kw_keys_key key;
     kw_warm_status status;
@@ -384,6 +393,15 @@ const uint8_t *kw__hits_get(kw__loop *l, const uint8_t *digest,
 void kw__hits_put(kw__loop *l, const uint8_t *digest, const kw_cache_info *info,
                   uint64_t size, const uint8_t *frame, size_t len);
 void kw__hits_free(kw__loop *l);
+
+/* Heartbeats of silent warmups (heartbeat.c), on the loop thread: init
+ * sets up l's timer (closed with the loop's handles); begin and end
+ * bracket a warmup request; delivered is called for each of r's posted
+ * items as the loop takes it (kw__daemon_post counts them in). */
+void kw__heartbeat_init(kw__loop *l);
+void kw__heartbeat_begin(kw__req *r);
+void kw__heartbeat_end(kw__req *r);
+void kw__heartbeat_delivered(kw__req *r);
 
 /* Initialises the backlog machinery (a uv_idle_t) of loop l. */
 void kw__loop_backlog_init(kw__loop *l);

@@ -149,6 +149,7 @@ void kw__daemon_post(kw__out *o)
 {
     kw__loop *l = kw__req_conn(o->req)->l;
     o->next = NULL;
+    atomic_fetch_add(&o->req->hb_pending, 1);
     pthread_mutex_lock(&l->out_mu);
     if (l->out_tail != NULL)
         l->out_tail->next = o;
@@ -174,6 +175,7 @@ static void deliver(kw__loop *l, kw__out *o)
         free(o->frame);
     if (close_after && o->frame == NULL)
         kw__conn_close(c);
+    kw__heartbeat_delivered(r);
     if (o->done)
         kw__daemon_request_end(r);
     free(o);

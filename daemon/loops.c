@@ -36,6 +36,7 @@ void kw__loop_check_stop(kw__loop *l)
     uv_close((uv_handle_t *)&l->wake, NULL);
     uv_close((uv_handle_t *)&l->outbox, NULL);
     uv_close((uv_handle_t *)&l->held_timer, NULL);
+    uv_close((uv_handle_t *)&l->heartbeat, NULL);
 }
 
 /* Told to stop: stop resuming backlogs, close idle connections now (the
@@ -111,6 +112,7 @@ static int loop_init(kw__daemon *d, kw__loop *l)
         kw__loop_backlog_init(l);
         uv_timer_init(&l->loop, &l->held_timer);
         l->held_timer.data = l;
+        kw__heartbeat_init(l);
     }
     return rc;
 }

@@ -54,6 +54,7 @@ static void flush_batch(kw__req *r)
         cJSON_Delete(r->batch);
     r->batch = NULL;
     r->batch_n = r->batch_bytes = 0;
+    atomic_store(&r->hb_done, settled(r));
     if (ok)
         kw__req_send(r, KW_PROTO_PROGRESS, h, false);
     else
@@ -226,7 +227,9 @@ void kw__run_warmup(kw__req *r)
         return;
     }
     /* From here the request belongs to warm's callbacks; no handle is
-     * kept (a client that leaves is noticed by the next callback). */
+     * kept (a client that leaves is noticed by the next callback).  The
+     * loop may now send heartbeats (heartbeat.c). */
+    atomic_store(&r->hb_total, r->set.nkeys);
     rc = kw_warm_submit(r->d->warm, r->set.keys, r->set.nkeys, KW_WARM_PROTECT,
                         on_result, r, NULL);
     if (rc == -ECANCELED)

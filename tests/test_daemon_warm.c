@@ -2,7 +2,7 @@
  * a 1,000-key warmup through the C client, the Python client and
  * `kwarm warmup --json`; a compile failure's log reaching the client, the
  * CLI and kwarmd's log; a crashing worker; a compile helper that is
- * missing.
+ * missing; heartbeats while one compile runs long.
  */
 #include "daemon_util.h"
 
@@ -261,6 +261,117 @@ Test(daemon_warm, a_crashing_worker_fails_its_keys_and_kwarmd_serves_on)
     cr_expect_eq(kwr_num(&r, "failed"), 0);
     kwr_free(&r);
     cJSON_Delete(h);
+    kwd_down(&d, &c);
+}
+
+/* What a warmup's PROGRESS frames looked like to the client. */
+typedef struct beats {
+    size_t frames, empty; /* frames, and those with no results */
+    double last_done, total;
+    bool went_back;       /* "done" decreased */
+    int64_t last_ms, max_gap_ms;
+} beats;
+
+static void count_beats(const char *json, void *arg)
+{
+    beats *b = arg;
+    cJSON *p = cJSON_Parse(json);
+    cr_assert_not_null(p, "%s", json);
+    double done = cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(p, "done"));
+    const cJSON *res = cJSON_GetObjectItemCaseSensitive(p, "results");
+    cr_assert(cJSON_IsArray(res), "%s", json);
+    b->frames++;
+    b->empty += cJSON_GetArraySize(res) == 0;
+    b->went_back |= done < b->last_done;
+    b->last_done = done;
+    b->total = cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(p, "total"));
+    int64_t now = kwd_now_ms();
+    if (now - b->last_ms > b->max_gap_ms)
+        b->max_gap_ms = now - b->last_ms;
+    b->last_ms = now;
+    cJSON_Delete(p);
+}
+
+/* One key's compile hangs until --compile-timeout (6 s) kills it, while
+ * the client bounds each wait at 4 s: only the heartbeats, every 2 to
+ * 2.5 s, keep its waits short.  Their counts never go back. */
+Test(daemon_warm, heartbeats_keep_a_client_with_a_per_wait_timeout_through_a_long_compile)
+{
+    instant();
+    cr_assert_eq(setenv("KWARM_TEST_HANG_FAMILY", "dcp_stable_topk", 1), 0);
+    kwd d;
+    kwc c;
+    kwd_up(&d, "kwd-beat", 2, (const char *const[]){"--compile-timeout", "6", NULL},
+           &c);
+    kw_client *cl = NULL;
+    cr_assert_eq(kw_client_connect(&cl, d.sock, 4000, NULL, 0), 0);
+    char *cfg = fixture_text(V32), *out = NULL;
+    beats b = {.last_ms = kwd_now_ms()};
+    int64_t t0 = kwd_now_ms();
+    int rc = kw_client_warmup(cl, cfg, "{\"dcp_world\": 2}", V32, count_beats, &b,
+                              &out);
+    cr_assert_eq(rc, 0, "warmup: %s", kw_client_last_error(cl));
+    cJSON *doc = cJSON_Parse(out);
+    cr_expect_eq(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(doc, "failed")),
+                 1, "the hung key: %s", out);
+    cr_expect_geq(kwd_now_ms() - t0, 6000, "the compile was not held 6 s");
+    cr_expect_geq(b.empty, 2, "%zu heartbeats in %zu frames", b.empty, b.frames);
+    cr_expect_lt(b.max_gap_ms, 4000);
+    cr_expect_not(b.went_back, "\"done\" went back");
+    cr_expect_eq(b.total, kwd_count_keys(V32, 2));
+    cJSON_Delete(doc);
+    free(out);
+    free(cfg);
+    kw_client_close(cl);
+    /* kwarm warmup, waiting at most 4 s a frame: the hung key fails (exit
+     * 1), but the wait never gives up. */
+    char path[512], *err = NULL;
+    snprintf(path, sizeof path, "%s/%s", KW_FIXTURES, V32);
+    const char *argv[] = {KW_KWARM_BIN, "warmup", "--model", path, "--dcp-world",
+                          "2", "--socket", d.sock, "--wait-timeout", "4", NULL};
+    out = NULL;
+    cr_expect_eq(kw_test_run(argv, &out, &err), 1, "%s", err);
+    cr_expect(strstr(err, "dcp_stable_topk") != NULL, "%s", err);
+    cr_expect(strstr(err, "looks stuck") == NULL, "%s", err);
+    free(out);
+    free(err);
+    kwd_down(&d, &c);
+}
+
+/* A kwarmd that sends nothing (stopped by SIGSTOP) makes kwarm warmup give
+ * up after --wait-timeout, saying so; the flag's bounds are [1, 86400]. */
+Test(daemon_warm, warmup_gives_up_on_a_silent_kwarmd_after_wait_timeout)
+{
+    instant();
+    kwd d;
+    kwc c;
+    kwd_up(&d, "kwd-stuck", 2, NULL, &c);
+    char path[512], *out = NULL, *err = NULL;
+    snprintf(path, sizeof path, "%s/%s", KW_FIXTURES, V32);
+    const char *argv[] = {KW_KWARM_BIN, "warmup", "--model", path, "--socket",
+                          d.sock, "--wait-timeout", "2", NULL};
+    cr_assert_eq(kill(d.pid, SIGSTOP), 0);
+    int64_t t0 = kwd_now_ms();
+    int st = kw_test_run(argv, &out, &err);
+    int64_t ms = kwd_now_ms() - t0;
+    cr_assert_eq(kill(d.pid, SIGCONT), 0);
+    cr_expect_eq(st, 1, "%s", err);
+    cr_expect(strstr(err, "sent nothing for 2 s") != NULL, "%s", err);
+    cr_expect(ms >= 2000 && ms < 30000, "gave up after %lld ms", (long long)ms);
+    free(out);
+    free(err);
+    static const char *const bad[] = {"0", "86401", "1.5", "-1"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        argv[7] = bad[i];
+        cr_expect_eq(kw_test_run(argv, &out, &err), 2, "%s: %s", bad[i], err);
+        cr_expect(strstr(err, "--wait-timeout") != NULL, "%s", err);
+        free(out);
+        free(err);
+    }
+    argv[7] = "86400"; /* the cap itself: the warmup runs */
+    cr_expect_eq(kw_test_run(argv, &out, &err), 0, "%s", err);
+    free(out);
+    free(err);
     kwd_down(&d, &c);
 }
 

@@ -143,7 +143,9 @@ class Client:
     def warmup(self, config, deployment=None, progress=None, name="config.json",
                text_config=None):
         """Compiles what is missing.  progress(frame) is called per PROGRESS
-        frame ({"done", "total", "results": [...]}).  Returns the counts
+        frame ({"done", "total", "results": [...]}; kwarmd sends one with no
+        results, a heartbeat, when the warmup has been silent for 2 s, so
+        the client's timeout bounds silence, not a compile).  Returns the counts
         {"keys", "hits", "remote_hits", "compiled", "failed", "cancelled",
         "seconds"} plus "manifest": every key's result in key order
         {"index", "digest", "family", "arch", "status", and "error"/"log"
