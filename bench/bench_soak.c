@@ -3,7 +3,7 @@
  * memory and open descriptors must come back to their starting level.
  *
  * usage: bench_soak --kwarmd PATH [--loops N] [--clients N] [--seconds S]
- *                   [--hostile] [--json FILE]
+ *                   [--rounds R] [--hostile] [--json FILE]
  *
  * The daemon starts on a fresh cache, DeepSeek-V3.2 (W = 2) is warmed once,
  * and the whole mix below runs for a first SOAK_WARM_S seconds; "before" is
@@ -27,6 +27,11 @@
  * failed request.  Exit 1 on any failed request (in either pass) or on
  * growth from "before" to "after" beyond 8 MiB of anonymous resident
  * memory or by any descriptor.
+ *
+ * --rounds R (default 1) runs the S seconds R times, reading the daemon's
+ * usage once it is idle after each round, so a long soak shows whether
+ * memory levels off (a leak grows every round) rather than only where it
+ * ended; "after" is the last round's.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -49,6 +54,7 @@
 #define MODEL "tests/fixtures/deepseek-v3.2-exp.json"
 #define SOAK_WARM_S 15.0 /* the first pass, before "before" */
 #define SOAK_RSS_KB (8 * 1024) /* growth allowed over the run */
+#define SOAK_MAX_ROUNDS 100
 
 typedef struct shared {
     const char *sock;
@@ -175,14 +181,28 @@ static void run_mix(shared *s, kw_client *c, int nclients, double secs,
         nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
 }
 
+/* Reads kwarmd's usage once it is idle: it returns its idle heap on a
+ * timer tick (2 s), so after two ticks, then (bounded) until it is within
+ * the aim. */
+static void settle(pid_t pid, long rss0, long fds0, long *rss, long *fds)
+{
+    nanosleep(&(struct timespec){5, 0}, NULL);
+    for (int i = 0; i < 100; i++) {
+        proc_usage(pid, rss, fds);
+        if (*rss - rss0 <= SOAK_RSS_KB && *fds <= fds0)
+            break;
+        nanosleep(&(struct timespec){0, 100 * 1000 * 1000}, NULL);
+    }
+}
+
 int main(int argc, char **argv)
 {
     static const char usage[] = "usage: bench_soak --kwarmd PATH [--loops N] [--clients N] "
-                                "[--seconds S] [--hostile] [--json FILE]";
+                                "[--seconds S] [--rounds R] [--hostile] [--json FILE]";
     if (bench_help(argc, argv, usage))
         return 0;
     const char *bin = NULL, *json = NULL, *loops = NULL;
-    int nclients = 200;
+    int nclients = 200, rounds = 1;
     double secs = 120;
     bool hostile = false;
     for (int i = 1; i < argc; i++)
@@ -204,8 +224,11 @@ int main(int argc, char **argv)
             json = argv[i + 1];
         else if (strcmp(argv[i], "--loops") == 0)
             loops = argv[i + 1];
+        else if (strcmp(argv[i], "--rounds") == 0)
+            rounds = atoi(argv[i + 1]);
     }
-    if (bin == NULL || nclients < 1 || nclients > 4096 || secs <= 0) {
+    if (bin == NULL || nclients < 1 || nclients > 4096 || secs <= 0 ||
+        rounds < 1 || rounds > SOAK_MAX_ROUNDS) {
         fprintf(stderr, "%s\n", usage);
         return 2;
     }
@@ -213,7 +236,11 @@ int main(int argc, char **argv)
     shared s = {.sock = tmp.sock, .config = bench_slurp(MODEL)};
     kw_client *c = NULL;
     char *res = NULL;
-    if (s.config == NULL || bench_tmp_make(&tmp, "soak") < 0)
+    if (s.config == NULL) {
+        fprintf(stderr, "soak: cannot read %s: run from the repository root\n", MODEL);
+        return 1;
+    }
+    if (bench_tmp_make(&tmp, "soak") < 0)
         return 1;
     pid_t pid = bench_start_kwarmd(bin, tmp.sock, tmp.cache, "2", loops, &c);
     if (pid < 0 || kw_client_warmup(c, s.config, "{\"dcp_world\": 2}", "soak.json",
@@ -230,19 +257,20 @@ int main(int argc, char **argv)
     proc_usage(pid, &rss0, &fds0);
     /* count the run alone, but failures of both passes */
     s.gets = s.warmups = s.stats = s.big_warmups = s.evicts = s.hostile_conns = 0;
-    run_mix(&s, c, nclients, secs, hostile);
-    /* kwarmd returns its idle heap on a timer tick (2 s): wait for it,
-     * bounded, before judging. */
-    for (int i = 0; i < 100; i++) {
-        proc_usage(pid, &rss1, &fds1);
-        if (rss1 - rss0 <= SOAK_RSS_KB && fds1 <= fds0)
-            break;
-        nanosleep(&(struct timespec){0, 100 * 1000 * 1000}, NULL);
+    long rss[SOAK_MAX_ROUNDS], fds[SOAK_MAX_ROUNDS];
+    for (int r = 0; r < rounds; r++) {
+        run_mix(&s, c, nclients, secs, hostile);
+        settle(pid, rss0, fds0, &rss[r], &fds[r]);
+        if (rounds > 1)
+            fprintf(stderr, "soak: round %d of %d: %ld KiB anonymous resident, "
+                    "%ld fds\n", r + 1, rounds, rss[r], fds[r]);
     }
+    rss1 = rss[rounds - 1], fds1 = fds[rounds - 1];
     uint64_t total = s.gets + s.warmups + s.stats;
     bool ok = s.failed == 0 && fds1 <= fds0 && rss1 - rss0 <= SOAK_RSS_KB;
     printf("soak: %d clients for %.0f s: %llu requests (%llu gets, %llu warmups, %llu stats), "
-           "%llu failed (with the first pass)\n", nclients, secs, (unsigned long long)total,
+           "%llu failed (with the first pass)\n", nclients, secs * rounds,
+           (unsigned long long)total,
            (unsigned long long)s.gets, (unsigned long long)s.warmups,
            (unsigned long long)s.stats, (unsigned long long)s.failed);
     if (hostile)
@@ -254,12 +282,17 @@ int main(int argc, char **argv)
            "%d KiB and no descriptor above the first pass): %s\n",
            rss_start, fds_start, SOAK_WARM_S, rss0, fds0, rss1, fds1, SOAK_RSS_KB,
            ok ? "ok" : "FAILED");
+    for (int r = 0; rounds > 1 && r < rounds; r++)
+        printf("round %d (%.0f s): %ld KiB, %ld fds\n", r + 1, secs, rss[r], fds[r]);
     FILE *f = json ? fopen(json, "w") : NULL;
     if (f) {
-        fprintf(f, "{\"clients\": %d, \"seconds\": %.0f, \"requests\": %llu, \"failed\": %llu, "
-                "\"rss_anon_kb\": [%ld, %ld, %ld], \"fds\": [%ld, %ld, %ld]}\n", nclients,
-                secs, (unsigned long long)total, (unsigned long long)s.failed, rss_start,
-                rss0, rss1, fds_start, fds0, fds1);
+        fprintf(f, "{\"clients\": %d, \"seconds\": %.0f, \"rounds\": %d, \"requests\": %llu, "
+                "\"failed\": %llu, \"rss_anon_kb\": [%ld, %ld, %ld], \"fds\": [%ld, %ld, %ld], "
+                "\"round_rss_anon_kb\": [", nclients, secs, rounds, (unsigned long long)total,
+                (unsigned long long)s.failed, rss_start, rss0, rss1, fds_start, fds0, fds1);
+        for (int r = 0; r < rounds; r++)
+            fprintf(f, "%s%ld", r ? ", " : "", rss[r]);
+        fprintf(f, "]}\n");
         fclose(f);
     }
     kw_client_close(c);
