@@ -16,7 +16,9 @@
  * 16-byte loads and stores when the row pointers allow.  compact_to_front
  * stages the survivors in shared memory, so the compacted row is written
  * with coalesced stores; a warp's row with every entry gathering (W=1, no
- * prefill workspace) is compacted by ballots in registers instead.
+ * prefill workspace) is compacted by ballots in registers instead.  Every
+ * path loads its entries first and then converts them all, the block-table
+ * gathers going out back to back (ic_conv_all).
  *
  * Rows whose request index is out of range (req_id outside [0, num_reqs)
  * for decode rows, prefill_req >= num_prefill for prefill rows) come out
@@ -28,6 +30,18 @@
 /* Rows up to this long go one per warp (kw__k_gen_ic() in kernels/gen.c
  * mirrors it for the harness's grid). */
 #define IC_WARP_TOPK 512
+
+/* *p when on, else 0, as one predicated non-coherent load: no access when
+ * !on, and no branch (an __ldg under an `if` compiled to one). */
+__device__ __forceinline__ int ic_ldg_if(bool on, const int *p)
+{
+    int v = 0;
+    asm("{\n\t.reg .pred q;\n\tsetp.ne.u32 q, %2, 0;\n\t"
+        "@q ld.global.nc.b32 %0, [%1];\n\t}"
+        : "+r"(v)
+        : "l"(p), "r"((unsigned)on));
+    return v;
+}
 
 /* One entry's conversion: everything that is fixed for the row. */
 template <int BS, int STRIDE, int W, int R, int IL, bool HAS_WS>
@@ -64,20 +78,26 @@ struct ic_conv {
         return c;
     }
 
+    /* Branch-free, the gather a predicated load.  With an early return
+     * per case the compiler put each gather in its own branch and waited
+     * for it before the next: 16 block-table round trips in series per
+     * row (Nsight Compute on the H200, W=1 compacting variant: 37% of the
+     * warp-stall samples waited on those loads; 11% after this). */
     __device__ __forceinline__ int operator()(int t) const
     {
-        if (t < 0 || dead)
-            return -1;
-        unsigned owner = kw_k_dcp_owner((unsigned)t, W, IL);
-        unsigned l = W == 1 ? (unsigned)t : kw_k_dcp_local((unsigned)t, W, IL);
-        if (HAS_WS && prefill)
-            return (int)(owner * (unsigned)ws_stride + (unsigned)ws_base + l);
-        if (owner != (unsigned)R)
-            return -1;
-        unsigned blk = l / BS;
-        if (blk >= (unsigned)width)
-            return -1;
-        return (int)((unsigned)__ldg(bt_row + blk) * STRIDE + l % BS);
+        const unsigned owner = kw_k_dcp_owner((unsigned)t, W, IL);
+        const unsigned l =
+            W == 1 ? (unsigned)t : kw_k_dcp_local((unsigned)t, W, IL);
+        const unsigned blk = l / BS;
+        const bool live = t >= 0 && !dead, ws = HAS_WS && prefill;
+        const bool gather =
+            live && !ws && owner == (unsigned)R && blk < (unsigned)width;
+        const int page = ic_ldg_if(gather, bt_row + blk);
+        if (ws)
+            return live ? (int)(owner * (unsigned)ws_stride +
+                                (unsigned)ws_base + l)
+                        : -1;
+        return gather ? (int)((unsigned)page * STRIDE + l % BS) : -1;
     }
 };
 
@@ -149,6 +169,44 @@ __device__ __forceinline__ void ic_store(int *__restrict__ o, int i0,
         o[i0] = v[0];
 }
 
+/* Converts the G*V entries a thread loaded, in place, into cnt[g] (each
+ * group's outputs != -1); returns their sum.  The __syncwarp() before is a
+ * fence to ptxas, which otherwise hoists a gather up to the load it needs
+ * and issues the rest of the loads only when that one has arrived: a DRAM
+ * round trip per group instead of one per row (the gathers themselves then
+ * go out back to back, predicated loads with no branch between them). */
+template <int G, int V, class Conv>
+__device__ __forceinline__ int ic_conv_all(const Conv &conv, int (&val)[G][V],
+                                           int (&cnt)[G])
+{
+    __syncwarp();
+    int sum = 0;
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        cnt[g] = 0;
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            val[g][k] = conv(val[g][k]);
+            cnt[g] += val[g][k] != -1;
+        }
+        sum += cnt[g];
+    }
+    return sum;
+}
+
+/* Stores a thread's G groups of V outputs, group g at entry
+ * base + (g * threads + thread) * V.  (A __syncwarp() before them, to keep
+ * the stores after the last gather, made ptxas spill 144 bytes.) */
+template <int G, int V, int TOPK>
+__device__ __forceinline__ void ic_store_all(int *__restrict__ o, int base,
+                                             int threads, int thread,
+                                             const int (&val)[G][V])
+{
+#pragma unroll
+    for (int g = 0; g < G; g++)
+        ic_store<V, TOPK>(o, base + (g * threads + thread) * V, val[g]);
+}
+
 /* Converts one row; returns its count of outputs != -1 (when !COMPACT, the
  * calling thread's part of it).  V is 4 when the row pointers are 16-byte
  * aligned (and TOPK % 4 == 0), else 1. */
@@ -163,19 +221,12 @@ __device__ __forceinline__ int ic_row(const Conv &conv,
     for (int base = 0; base < TOPK; base += CH) {
         int val[G][V], cnt[G];
 #pragma unroll
-        for (int g = 0; g < G; g++) {
-            const int i0 = base + (g * THREADS + (int)threadIdx.x) * V;
-            int t[V];
-            ic_load<V, TOPK>(in, i0, t);
-            cnt[g] = 0;
-#pragma unroll
-            for (int k = 0; k < V; k++) {
-                val[g][k] = conv(t[k]);
-                cnt[g] += val[g][k] != -1;
-            }
-            if constexpr (!COMPACT)
-                ic_store<V, TOPK>(o, i0, val[g]);
-        }
+        for (int g = 0; g < G; g++)
+            ic_load<V, TOPK>(in, base + (g * THREADS + (int)threadIdx.x) * V,
+                             val[g]);
+        const int mine = ic_conv_all<G, V>(conv, val, cnt);
+        if constexpr (!COMPACT)
+            ic_store_all<G, V, TOPK>(o, base, THREADS, threadIdx.x, val);
         if constexpr (COMPACT) {
             int excl[G];
             int total = ic_block_scan<THREADS, G>(cnt, excl, sm_scan);
@@ -191,9 +242,7 @@ __device__ __forceinline__ int ic_row(const Conv &conv,
             run += total; /* the next scan's barrier guards stage[]; the
                              one above guards sm_scan */
         } else {
-#pragma unroll
-            for (int g = 0; g < G; g++)
-                run += cnt[g]; /* per thread here; summed by the caller */
+            run += mine; /* per thread here; summed by the caller */
         }
     }
     if constexpr (COMPACT) {
@@ -270,21 +319,11 @@ __device__ __forceinline__ int ic_row_warp(const Conv &conv,
 #pragma unroll
     for (int g = 0; g < G; g++)
         ic_load<V, TOPK>(in, (g * 32 + lane) * V, val[g]);
-    int mine = 0;
-#pragma unroll
-    for (int g = 0; g < G; g++) {
-        cnt[g] = 0;
-#pragma unroll
-        for (int k = 0; k < V; k++) {
-            val[g][k] = conv(val[g][k]);
-            cnt[g] += val[g][k] != -1;
-        }
-        mine += cnt[g];
-        if constexpr (!COMPACT)
-            ic_store<V, TOPK>(o, (g * 32 + lane) * V, val[g]);
-    }
-    if constexpr (!COMPACT)
+    const int mine = ic_conv_all<G, V>(conv, val, cnt);
+    if constexpr (!COMPACT) {
+        ic_store_all<G, V, TOPK>(o, 0, 32, lane, val);
         return mine;
+    }
     int excl[G];
     const int total = ic_warp_scan<G>(cnt, excl);
 #pragma unroll
@@ -320,6 +359,7 @@ __device__ __forceinline__ int ic_row_warp_ballot(const Conv &conv,
 #pragma unroll
     for (int j = 0; j < J; j++)
         val[j] = 32 * j + lane < TOPK ? __ldg(in + 32 * j + lane) : -1;
+    __syncwarp(); /* as in ic_conv_all */
 #pragma unroll
     for (int j = 0; j < J; j++)
         val[j] = conv(val[j]);
