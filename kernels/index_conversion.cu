@@ -43,6 +43,17 @@ __device__ __forceinline__ int ic_ldg_if(bool on, const int *p)
     return v;
 }
 
+/* *p = v when on, as one predicated store: no branch (a store under an
+ * `if` compiled to one, with its divergence bookkeeping). */
+__device__ __forceinline__ void ic_st_if(bool on, int *p, int v)
+{
+    asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.u32 q, %0, 0;\n\t"
+                 "@q st.global.b32 [%1], %2;\n\t}"
+                 :
+                 : "r"((unsigned)on), "l"(p), "r"(v)
+                 : "memory");
+}
+
 /* One entry's conversion: everything that is fixed for the row. */
 template <int BS, int STRIDE, int W, int R, int IL, bool HAS_WS>
 struct ic_conv {
@@ -341,12 +352,12 @@ __device__ __forceinline__ int ic_row_warp(const Conv &conv,
 /* Converts one row with one warp and writes it compacted without shared
  * memory; returns its count of outputs != -1.  Lane l holds entries
  * 32 j + l, so a ballot per j places that step's survivors in consecutive
- * outputs, stored straight from registers (one contiguous span per step).
- * On the H200 at DeepSeek-V4-Flash size this took the W=1 variant without
- * a prefill workspace from 95.5 to 94.2 us (0.66 -> 0.67 of copy); where
- * fewer entries survive (W=8, prefill rows) the staged ic_row_warp was
- * faster (77.6 vs 86.1 and 89.5 vs 92.3 us), so only GATHERS_ALL rows go
- * here. */
+ * outputs, stored straight from registers (one contiguous span per step,
+ * predicated stores).  On the H200 at DeepSeek-V4-Flash size this took the
+ * W=1 variant without a prefill workspace from 95.5 to 94.2 us (0.66 ->
+ * 0.67 of copy); where fewer entries survive (W=8, prefill rows) the staged
+ * ic_row_warp was faster (77.6 vs 86.1 and 89.5 vs 92.3 us), so only
+ * GATHERS_ALL rows go here. */
 template <int TOPK, class Conv>
 __device__ __forceinline__ int ic_row_warp_ballot(const Conv &conv,
                                                   const int *__restrict__ in,
@@ -367,8 +378,7 @@ __device__ __forceinline__ int ic_row_warp_ballot(const Conv &conv,
 #pragma unroll
     for (int j = 0; j < J; j++) {
         const unsigned m = __ballot_sync(0xffffffffu, val[j] != -1);
-        if (val[j] != -1)
-            o[run + __popc(m & below)] = val[j];
+        ic_st_if(val[j] != -1, o + run + __popc(m & below), val[j]);
         run += __popc(m);
     }
     for (int i = run + lane; i < TOPK; i += 32)
