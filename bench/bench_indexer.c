@@ -60,6 +60,8 @@ static int one(const char *dir, const bkey *b, FILE *js, bool first)
             kw_k_shmem_bytes(k.family, k.fields),
             kw_k_logits_queries(k.family, k.fields), s, r.cubin_len);
     printf("%-18s compile %.3f s, %zu bytes\n", b->name, s, r.cubin_len);
+    if (r.log != NULL && r.log[0] != '\0') /* warnings: C7514 etc. */
+        fprintf(stderr, "%s: NVRTC log:\n%s\n", b->name, r.log);
     kw_jit_result_destroy(&r);
     return rc;
 }

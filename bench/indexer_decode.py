@@ -10,7 +10,10 @@ is timed as the decode key of that next_n with indexer_bench.py's decode()
 two queries checked against float64), SPLIT 0 or absent picking the grid as
 indexer_bench.py does.  NEXT_N 0 times CUBIN as the prefill key instead
 (indexer_bench.py's prefill() without its peers).  A variant cubin built
-from other sources with the same entry can be timed beside the key's own.
+from other sources with the same entry can be timed beside the key's own;
+a CUBIN of the form SUBDIR/NAME is DIR/SUBDIR/NAME.cubin with the launch
+geometry of DIR/SUBDIR/kernels.json (another bench_indexer output, e.g.
+HEAD's build beside a change's).
 Copy bandwidth on this GPU moved between runs of one process (3.6 to 4.2
 TB/s here), so both copies are printed and each row's ratio is against the
 first.
@@ -38,8 +41,13 @@ def main():
     for spec in specs:
         tag, cubin, nn, split = (spec + ":0").split(":")[:4]
         nn, split = int(nn), int(split)
+        kd, km = d, meta
+        if "/" in cubin:
+            sub, cubin = cubin.rsplit("/", 1)
+            kd = f"{d}/{sub}"
+            km = json.load(open(f"{kd}/kernels.json"))
         if nn == 0:
-            k = ib.Kernel(d, cubin, {cubin: dict(meta["logits_prefill"])})
+            k = ib.Kernel(kd, cubin, {cubin: dict(km["logits_prefill"])})
             r = {}
             ib.prefill(k, 5, r, peers=False)
             bad += r["prefill_mismatches"]
@@ -47,7 +55,7 @@ def main():
                   f"{r['prefill_mismatches']} mismatches", flush=True)
             torch.cuda.empty_cache()
             continue
-        k = ib.Kernel(d, cubin, {cubin: dict(meta[f"logits_decode_n{nn}"])})
+        k = ib.Kernel(kd, cubin, {cubin: dict(km[f"logits_decode_n{nn}"])})
         r = {}
         ib.decode(k, nn, 5, r, split)
         gbps = r[f"decode_n{nn}_k_gbps"]
