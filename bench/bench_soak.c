@@ -106,6 +106,7 @@ static void *client(void *arg)
     }
     while (bench_now_ns() < s->deadline) {
         int r = rand_r(&seed) % 100, rc;
+        const char *what = r < 90 ? "get" : r < 95 ? "warmup" : "stats";
         if (r < 90) {
             kw_client_kernel k = {0};
             rc = kw_client_get(c, s->digests[rand_r(&seed) % s->ndigests], false, &k);
@@ -123,8 +124,17 @@ static void *client(void *arg)
             free(res);
             atomic_fetch_add(&s->stats, 1);
         }
-        if (rc < 0 && atomic_fetch_add(&s->failed, 1) < 5)
-            fprintf(stderr, "soak: a request failed: %s\n", kw_client_last_error(c));
+        if (rc == 0)
+            continue;
+        if (atomic_fetch_add(&s->failed, 1) < 5)
+            fprintf(stderr, "soak: a %s failed: %s\n", what, kw_client_last_error(c));
+        /* A failure closes the connection: count it once, go on anew. */
+        kw_client_close(c);
+        c = NULL;
+        if (kw_client_connect(&c, s->sock, 30000, err, sizeof err) < 0) {
+            atomic_fetch_add(&s->failed, 1);
+            return NULL;
+        }
     }
     kw_client_close(c);
     return NULL;
