@@ -64,12 +64,6 @@ static unsigned threads_stable(const int64_t *f)
     return f[1] > 4096 ? 1024u : 512u;
 }
 
-static unsigned threads_256(const int64_t *f)
-{
-    (void)f;
-    return 256u;
-}
-
 /* IT_THREADS in indexer_topk.cu. */
 static unsigned threads_512(const int64_t *f)
 {
@@ -85,10 +79,12 @@ static unsigned shmem_itopk(const int64_t *f)
     return 2048u * 4u + 2u * 4096u * 8u;
 }
 
-/* The formulas of indexer_logits.cu (il_hp, il_qb, il_stages,
- * il_smem_bytes): heads padded to a power of two >= 16, queries per block
- * filling 128 GEMM columns (256 for 256 heads), 1-4 stages of 128-row K
- * tiles and their scales under 212 KiB. */
+/* The formulas of indexer_logits.cu (il_hp, il_cols, il_stages, il_nwg,
+ * il_qb, il_smem_bytes): heads padded to a power of two >= 16, queries per
+ * block filling 128 GEMM columns (256 for 256 heads) per warpgroup for
+ * prefill (4 warpgroups where 128 columns each leave room for 2 stages,
+ * else 2), per block for decode, 1-4 stages of 128-row K tiles and their
+ * scales under 212 KiB. */
 static int pow2ceil(int x)
 {
     int p = 1;
@@ -97,12 +93,30 @@ static int pow2ceil(int x)
     return p;
 }
 
+static int logits_stages(int nq, int d)
+{
+    int s = (217088 - nq * d - nq * 4) / (128 * (d + 4));
+    return s < 1 ? 1 : s > 4 ? 4 : s;
+}
+
+/* Warpgroups per block (il_nwg). */
+static int logits_nwg(const int64_t *f)
+{
+    int hp = pow2ceil(f[0] < 16 ? 16 : (int)f[0]);
+    return !f[2] && hp < 256 && logits_stages(512, (int)f[1]) >= 2 ? 4 : 2;
+}
+
+static unsigned threads_logits(const int64_t *f)
+{
+    return 128u * (unsigned)logits_nwg(f);
+}
+
 static int logits_queries(const int64_t *f)
 {
     int hp = pow2ceil(f[0] < 16 ? 16 : (int)f[0]);
     int cols = hp >= 256 ? 256 : 128;
     if (!f[2])
-        return cols / hp;
+        return logits_nwg(f) * cols / hp; /* each warpgroup its own cols */
     int nn = 1;
     while (nn * 2 <= f[4])
         nn *= 2;
@@ -113,8 +127,7 @@ static unsigned shmem_logits(const int64_t *f)
 {
     int hp = pow2ceil(f[0] < 16 ? 16 : (int)f[0]);
     int nq = logits_queries(f) * hp, d = (int)f[1];
-    int s = (217088 - nq * d - nq * 4) / (128 * (d + 4));
-    s = s < 1 ? 1 : s > 4 ? 4 : s;
+    int s = logits_stages(nq, d);
     return (unsigned)(nq * d + s * 128 * (d + 4) + nq * 4);
 }
 
@@ -175,7 +188,7 @@ static const family_desc families[KW_K_NFAMILIES] = {
     {"indexer_logits", "indexer_logits.cu", "kw_k_indexer_logits", 5,
      {{"heads", F_HEADS}, {"head_dim", F_HDIM}, {"paged", F_BOOL},
       {"page_rows", F_NONNEG}, {"next_n", F_NEXTN}},
-     -1, -1, threads_256, shmem_logits, check_logits,
+     -1, -1, threads_logits, shmem_logits, check_logits,
      kw__k_derive_logits, KW_K_RANK_NONE, kw__k_gen_logits,
      kw__k_cpu_logits,
      {{13, 3, 300, 0}, {40, 4, 1500, 0}, {4096, 128, 65536, 0}}, true},

@@ -104,7 +104,8 @@ static int gen_prefill(kw_k_case *c, const kw_k_shape *s, kw__k_rng *g)
     if ((rc = ADD_OUT(c, "logits", KW__K_F32, (int64_t)T * stride, &out)) < 0)
         return rc;
     unsigned qb = kw_k_logits_queries(c->fam, c->fields);
-    kw__k_case_geometry1(c, ((uint64_t)T + qb - 1) / qb, 256);
+    kw__k_case_geometry1(c, ((uint64_t)T + qb - 1) / qb,
+                          kw_k_block_threads(c->fam, c->fields));
     c->bytes = (size_t)T * H * (D + 4) + (size_t)N * (D + 4) +
                (size_t)T * N * 4;
     return 0;
@@ -160,7 +161,8 @@ static int gen_decode(kw_k_case *c, const kw_k_shape *s, kw__k_rng *g)
     unsigned groups = ((unsigned)NN + qb - 1) / qb;
     uint64_t tiles = ((uint64_t)max_rows + 127) / 128, per = (uint64_t)B * groups;
     uint64_t split = per >= 1056 ? 1 : (1056 + per - 1) / per;
-    kw__k_case_geometry1(c, split < tiles ? split : (tiles ? tiles : 1), 256);
+    kw__k_case_geometry1(c, split < tiles ? split : (tiles ? tiles : 1),
+                          kw_k_block_threads(c->fam, c->fields));
     c->grid[1] = (unsigned)(B ? B : 1);
     c->grid[2] = groups;
     c->bytes = krows * (D + 4) + (size_t)B * NN * (H * (D + 4) + max_rows * 4);

@@ -2,39 +2,54 @@
  * (spec/kernels.md, indexer_logits).  Device code only.
  *
  * Template parameters are the key's fields: HEADS, HEAD_DIM, PAGED,
- * PAGE_ROWS, NEXT_N.  One block (256 threads, dynamic shared memory of
- * il_smem_bytes()) scores QB queries against tiles of 64 K rows:
+ * PAGE_ROWS, NEXT_N.  One block (il_threads(): NWG warpgroups of 128
+ * threads; dynamic shared memory of il_smem_bytes()) scores QB queries
+ * against tiles of 64 K rows, each warpgroup QW of them (NW = QW * HP
+ * GEMM columns):
  *
- *   S[n][q*HP + h] = sum_d k[n][d] * q[q][h][d]      (a 64 x NQ GEMM)
+ *   S[n][q*HP + h] = sum_d k[n][d] * q[q][h][d]      (a 64 x NW GEMM)
  *   logits[q][n]   = k_scale[n] * sum_h w[q][h] * relu(S[n][q*HP + h])
  *
  * The K rows are the GEMM's M side, so the head sum of one (row, query)
  * lives in one quad of lanes: each thread folds its own columns, then the
- * quad sums its 2 QB partial sums in a reduce-scatter (il_quad: two
+ * quad sums its 2 QW partial sums in a reduce-scatter (il_quad: two
  * shuffle steps, each lane sending the half it does not keep), and each
  * lane writes its share, its queries' windows held in registers; no row
  * ever crosses a warp.  This epilogue, shared by prefill and decode, took
  * prefill from 500 to 585 TFLOP/s and next_n 2 decode from 0.49 to 0.44
  * ms on the H200 (before: a shuffle per value and step, four predicated
  * stores, the windows read from shared memory on every tile).  HP is the
- * head count rounded up to a power of two (at least 16); QB * HP = NQ is
- * 128 (256 for 256 heads; less for a decode key with fewer queries), so
- * the accumulators leave room for two blocks per SM.  Padded heads and
- * queries hold zero bytes and zero weights.
+ * head count rounded up to a power of two (at least 16); NW is 128 (256
+ * for 256 heads; less for a decode key with fewer queries), so the
+ * accumulators leave room for four warpgroups per SM (two blocks of two,
+ * or one of four).  Padded heads and queries hold zero bytes and zero
+ * weights.
  *
- * Each of the two warpgroups runs its own pipeline over every other tile
- * (its own 1-4 stages, its own named barrier), so one warpgroup's epilogue
- * overlaps the other's tensor-core work.  Row scales travel with their
- * tile and decode pages are read one iteration ahead, so no step waits on
- * a dependent global load.  Shared memory holds the block's queries
- * (NQ x HEAD_DIM bytes, shared), the stages and the weights; queries and
- * cp.async stages are in the no-swizzle "core matrix" layout of wgmma
- * (8 rows x 16 bytes contiguous, K-direction neighbours 128 bytes apart,
- * 8-row groups 8*HEAD_DIM apart).
+ * Decode: two warpgroups, both on the block's QB queries (QW = QB), each
+ * its own pipeline over every other tile (its own 1-4 stages, barriers),
+ * so one warpgroup's epilogue overlaps the other's tensor-core work.
+ * Prefill: il_nwg() warpgroups (4 when NW is 128 and 4 stages fit, else
+ * 2), each its own QW queries, all GEMMing every tile of the block's
+ * union window.  On sm_90a they share the tiles (il_loop::run_shared), so
+ * K crosses from L2 to shared memory once per QB queries (8 for 64
+ * heads, against 2 before): bound by that traffic, prefill went from 7.4
+ * to 5.0-5.2 ms (0.42 to 0.60-0.63 of torch._scaled_mm) on the H200; 2
+ * warpgroups sharing (QB 4): 5.75 ms.  Off sm_90a each warpgroup
+ * pipelines its own copies of the tiles (il_loop::run).  Row scales
+ * travel with their tile and decode pages are read one iteration ahead,
+ * so no step waits on a dependent global load.  Shared memory holds the
+ * block's queries (NQ = QB * HP columns x HEAD_DIM bytes), the stages and
+ * the weights; queries and cp.async stages are in the no-swizzle "core
+ * matrix" layout of wgmma (8 rows x 16 bytes contiguous, K-direction
+ * neighbours 128 bytes apart, 8-row groups 8*HEAD_DIM apart).
  *
  * How a stage is filled:
- *  - prefill, and decode off sm_90a: every thread copies 16-byte chunks
- *    with cp.async (il_loop::run);
+ *  - prefill on sm_90a (il_loop::run_shared): all threads copy 16-byte
+ *    chunks with cp.async into 2 S shared stages, completing on the
+ *    stage's full mbarrier; each warp marks the stage empty when its
+ *    wgmma is done;
+ *  - off sm_90a: each warpgroup's threads copy 16-byte chunks with
+ *    cp.async into its own stages (il_loop::run);
  *  - decode on sm_90a (il_loop::run_tma): one warp per warpgroup issues
  *    1-D bulk copies (cp.async.bulk, one per run of rows inside a page,
  *    8 KiB for pages of 64 rows) and the rows' scales (4-byte cp.async),
@@ -52,7 +67,7 @@
  * m16n8 accumulator order, 16 rows per warp):
  *  - sm_90a (__CUDA_ARCH_FEAT_SM90_ALL): wgmma.mma_async m64nNk32 e4m3,
  *    the queries (B) from shared memory, the K rows (A) from shared memory
- *    (run) or registers (run_tma);
+ *    (run_shared) or registers (run_tma);
  *  - elsewhere: mma.sync m16n8k16 f16 (sm_80 and up; two m16n8k8 on
  *    sm_75) on the fp8 bytes converted to f16 (exact: every e4m3 value is
  *    an f16 value), each warp taking 16 rows.  Below sm_80, where there is
@@ -68,7 +83,6 @@ typedef unsigned long long kw_u64;
 typedef unsigned char kw_u8;
 
 #define IL_TILE 128
-#define IL_THREADS 256
 #define IL_SMEM_BUDGET 217088
 
 __host__ __device__ constexpr int il_pow2ceil(int x)
@@ -95,20 +109,12 @@ __host__ __device__ constexpr int il_hp(int h)
     return il_pow2ceil(h < 16 ? 16 : h);
 }
 
-/* At most 128 GEMM columns (256 only for 256 heads), so the 64
- * accumulators per thread leave room for two blocks per SM, one in its
- * epilogue while the other keeps the tensor cores busy. */
+/* At most 128 GEMM columns per warpgroup (256 only for 256 heads), so
+ * the 64 accumulators per thread leave room for four warpgroups per SM,
+ * some in their epilogues while another keeps the tensor cores busy. */
 __host__ __device__ constexpr int il_cols(int h)
 {
     return il_hp(h) >= 256 ? 256 : 128;
-}
-
-__host__ __device__ constexpr int il_qb(int h, bool paged, int next_n)
-{
-    return !paged ? il_cols(h) / il_hp(h)
-           : il_pow2floor(next_n) < il_cols(h) / il_hp(h)
-               ? il_pow2floor(next_n)
-               : il_cols(h) / il_hp(h);
 }
 
 __host__ __device__ constexpr int il_stages(int nq, int d)
@@ -117,6 +123,29 @@ __host__ __device__ constexpr int il_stages(int nq, int d)
            : (IL_SMEM_BUDGET - nq * d - nq * 4) / (IL_TILE * (d + 4)) > 4
                ? 4
                : (IL_SMEM_BUDGET - nq * d - nq * 4) / (IL_TILE * (d + 4));
+}
+
+/* Warpgroups per block: prefill 4 when each takes 128 columns and
+ * shared memory holds at least 4 shared stages of 64 rows beside their
+ * queries, else 2 (decode: always 2). */
+__host__ __device__ constexpr int il_nwg(int h, int d, bool paged)
+{
+    return !paged && il_cols(h) == 128 && il_stages(4 * 128, d) >= 2 ? 4 : 2;
+}
+
+__host__ __device__ constexpr int il_threads(int h, int d, bool paged)
+{
+    return 128 * il_nwg(h, d, paged);
+}
+
+/* Queries per block: prefill, il_nwg warpgroups' worth (each warpgroup
+ * GEMMs its own il_cols columns against the block's shared K tiles). */
+__host__ __device__ constexpr int il_qb(int h, int d, bool paged, int next_n)
+{
+    return !paged ? il_nwg(h, d, paged) * il_cols(h) / il_hp(h)
+           : il_pow2floor(next_n) < il_cols(h) / il_hp(h)
+               ? il_pow2floor(next_n)
+               : il_cols(h) / il_hp(h);
 }
 
 /* Queries, then the K stages, then the stages' row scales, then weights. */
@@ -143,19 +172,11 @@ struct il_block {
 #define IL_ROWS 64
 #define IL_WG 128
 
-__device__ __forceinline__ int il_wg() { return (int)threadIdx.x >> 7; }
-__device__ __forceinline__ int il_wt() { return (int)threadIdx.x & 127; }
 /* The first of the two tile rows (r, r + 8) this thread's accumulators
  * hold: 16 rows per warp, lane group g. */
 __device__ __forceinline__ int il_row16()
 {
     return 16 * (((int)threadIdx.x >> 5) & 3) + (((int)threadIdx.x & 31) >> 2);
-}
-
-/* This warpgroup's barrier (ids 1 and 2; 0 is __syncthreads). */
-__device__ __forceinline__ void il_wg_sync()
-{
-    asm volatile("bar.sync %0, 128;\n" ::"r"(1 + il_wg()) : "memory");
 }
 
 /* Page of each K row this thread loads for tile t (decode only), fetched
@@ -219,14 +240,14 @@ __device__ __forceinline__ void il_load_tile(unsigned dst, unsigned sdst,
  * w = tq * C + c of a query row (C = D / 16 chunks) goes to word tq of GEMM
  * k-chunk c, the order in which run_tma's threads hold the K rows; the
  * head_dim sum does not depend on the order. */
-template <int H, int D, int HP, int NQ, bool PERM>
+template <int H, int D, int HP, int NQ, bool PERM, int NT>
 __device__ __forceinline__ void il_load_queries(kw_u8 *qs, float *ws,
                                                 const kw_u8 *__restrict__ q,
                                                 const float *__restrict__ w,
                                                 long long qrow0, int nq)
 {
     constexpr int C = D / 16;
-    for (int idx = threadIdx.x; idx < NQ * C; idx += IL_THREADS) {
+    for (int idx = threadIdx.x; idx < NQ * C; idx += NT) {
         int col = idx / C, c = idx % C, qq = col / HP, h = col % HP;
         uint4 v = make_uint4(0, 0, 0, 0);
         if (qq < nq && h < H)
@@ -242,7 +263,7 @@ __device__ __forceinline__ void il_load_queries(kw_u8 *qs, float *ws,
             *(uint4 *)(qs + il_off(col, c, D)) = v;
         }
     }
-    for (int col = threadIdx.x; col < NQ; col += IL_THREADS) {
+    for (int col = threadIdx.x; col < NQ; col += NT) {
         int qq = col / HP, h = col % HP;
         ws[col] = qq < nq && h < H ? w[(qrow0 + qq) * H + h] : 0.0f;
     }
@@ -353,8 +374,9 @@ __device__ __forceinline__ void il_epilogue(const float *acc, const float *ws,
     lq.write(v, bk, t * IL_ROWS + rt, sc[rt], sc[rt + 8], out);
 }
 
-/* Writes -inf over columns [c0, c1) of every valid query of the block. */
-template <int QB>
+/* Writes -inf over columns [c0, c1) of every valid query of the block
+ * (NT threads). */
+template <int QB, int NT>
 __device__ __forceinline__ void il_fill(const il_block<QB> &bk, int c0,
                                         int c1, float *__restrict__ out)
 {
@@ -362,80 +384,54 @@ __device__ __forceinline__ void il_fill(const il_block<QB> &bk, int c0,
     if (c1 > bk.limit)
         c1 = bk.limit;
     for (int qq = 0; qq < bk.nq; qq++)
-        for (int n = c0 + threadIdx.x; n < c1; n += IL_THREADS)
+        for (int n = c0 + threadIdx.x; n < c1; n += NT)
             out[(bk.row0 + qq) * bk.stride + n] = ninf;
 }
 
 /* Shared-memory layout: queries, then each warpgroup's S stages of K
- * rows, then their row scales, then the weights. */
-template <int D, int NQ, int S>
+ * rows, then their row scales, then the weights.  NW < NQ (prefill): each
+ * warpgroup GEMMs its own NW of the NQ query columns (qs, qa and ws point
+ * at them); k0, s0 and sc0 are the first stage of warpgroup 0, where
+ * il_loop::run_shared's 2 S shared stages start. */
+template <int D, int NQ, int NW, int S, int SW>
 struct il_smem_map {
-    unsigned qa, kbase, sbase; /* shared addresses of this warpgroup's */
-    const kw_u8 *qs, *kbytes;  /* stages */
+    unsigned qa, kbase, sbase, k0, s0; /* shared addresses */
+    const kw_u8 *qs, *kbytes;
     float *ws;
-    const float *scs;
+    const float *scs, *sc0;
 
     __device__ __forceinline__ il_smem_map(kw_u8 *base)
     {
-        const int w = il_wg();
-        qs = base;
-        kbytes = base + NQ * D + w * S * IL_ROWS * D;
-        scs = (const float *)(base + NQ * D + S * IL_TILE * D) + w * S * IL_ROWS;
-        ws = (float *)(base + NQ * D + S * IL_TILE * (D + 4));
-        qa = (unsigned)__cvta_generic_to_shared(base);
-        kbase = qa + NQ * D + w * S * IL_ROWS * D;
-        sbase = qa + NQ * D + S * IL_TILE * D + w * S * IL_ROWS * 4;
+        const int w = il_wg(), c = NW < NQ ? w * NW : 0;
+        qs = base + c * D;
+        kbytes = base + NQ * D + w * SW * IL_ROWS * D;
+        sc0 = (const float *)(base + NQ * D + S * IL_TILE * D);
+        scs = sc0 + w * SW * IL_ROWS;
+        ws = (float *)(base + NQ * D + S * IL_TILE * (D + 4)) + c;
+        const unsigned a = (unsigned)__cvta_generic_to_shared(base);
+        qa = a + c * D;
+        k0 = a + NQ * D;
+        kbase = k0 + w * SW * IL_ROWS * D;
+        s0 = k0 + S * IL_TILE * D;
+        sbase = s0 + w * SW * IL_ROWS * 4;
     }
 };
 
-/* The GEMM of stage st into acc: wgmma on sm_90a, mma.sync elsewhere. */
-template <int D, int NQ, int S>
-__device__ __forceinline__ void il_mma(const il_smem_map<D, NQ, S> &m, int st,
-                                       float *acc)
-{
-#if IL_WGMMA
-    const unsigned ka = m.kbase + st * IL_ROWS * D;
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-    for (int kk = 0; kk < D / 32; kk++)
-        il_wgmma<NQ>::run(acc, il_desc(ka + kk * 256, 8 * D),
-                          il_desc(m.qa + kk * 256, 8 * D), kk > 0);
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-    /* The accumulators are read only after the wait. */
-#pragma unroll
-    for (int j = 0; j < NQ / 2; j++)
-        asm volatile("" : "+f"(acc[j])::"memory");
-#else
-#pragma unroll
-    for (int j = 0; j < NQ / 2; j++)
-        acc[j] = 0.0f;
-    il_mma_warp<NQ, D>(acc, m.kbytes + st * IL_ROWS * D, m.qs,
-                       16 * ((threadIdx.x >> 5) & 3));
-#endif
-}
-
-/* Waits for this thread's copies of all but the newest N groups, then
- * makes the warpgroup's copies visible to it and to wgmma. */
-template <int N>
-__device__ __forceinline__ void il_arrive()
-{
-    il_cp_wait<N>();
-#if IL_WGMMA
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-    il_wg_sync();
-}
-
 /* One warpgroup's tile loop: its tiles are t(j) = tlo + (2j + w) * tstep
- * in units of 64 rows, j < nt. */
+ * in units of 64 rows (decode), or t(j) = tlo + j (prefill: every tile of
+ * the block, for this warpgroup's queries), j < nt. */
 template <int H, int D, bool PAGED, int PR, int NEXT_N>
 struct il_loop {
-    static constexpr int HP = il_hp(H), QB = il_qb(H, PAGED, NEXT_N);
-    static constexpr int NQ = QB * HP, S = il_stages(NQ, D);
+    static constexpr int HP = il_hp(H), QB = il_qb(H, D, PAGED, NEXT_N);
+    static constexpr int NWG = il_nwg(H, D, PAGED), NT = 128 * NWG;
+    /* Prefill splits the block's queries between the warpgroups: QW of
+     * them (NW GEMM columns) each. */
+    static constexpr int QW = PAGED ? QB : QB / NWG, NQ = QB * HP, NW = QW * HP;
+    /* Shared stages: 2 S of 64 rows; run() gives each warpgroup SW. */
+    static constexpr int S = il_stages(NQ, D), SW = 2 * S / NWG;
     static constexpr int PP = PR > 0 ? PR : 1; /* page rows (decode) */
-    il_smem_map<D, NQ, S> m;
-    il_block<QB> bk;
+    il_smem_map<D, NQ, NW, S, SW> m;
+    il_block<QW> bk; /* this warpgroup's queries */
     const int *lo, *hi;
     int tlo, tstep, nt;
     const kw_u8 *k;
@@ -447,12 +443,12 @@ struct il_loop {
 
     __device__ __forceinline__ int tile(int j) const
     {
-        return tlo + (2 * j + il_wg()) * tstep;
+        return PAGED ? tlo + (2 * j + il_wg()) * tstep : tlo + j;
     }
 
     __device__ __forceinline__ void load(int j, const il_pages<D, PR> &pg)
     {
-        const int st = j % S;
+        const int st = j % SW;
         il_load_tile<D, PAGED, PR>(m.kbase + st * IL_ROWS * D,
                                    m.sbase + st * IL_ROWS * 4, tile(j),
                                    bk.hi, k, ksc, pg);
@@ -464,31 +460,32 @@ struct il_loop {
             pg.fetch(tile(j), bk.hi, bt);
     }
 
-    /* Prefetch distance S - 1 tiles; the pages of a tile are read one
+    /* Prefetch distance SW - 1 tiles; the pages of a tile are read one
      * iteration before its copies are issued. */
     __device__ __forceinline__ void run()
     {
         il_pages<D, PR> pg;
-        const il_quad<QB> lq(bk, lo, hi);
-        float acc[NQ / 2];
-        for (int s = 0; s < S - 1; s++) {
+        const il_quad<QW> lq(bk, lo, hi);
+        float acc[NW / 2];
+        for (int s = 0; s < SW - 1; s++) {
             pages(s, pg);
             if (s < nt)
                 load(s, pg);
             il_cp_commit();
         }
-        pages(S - 1, pg);
+        pages(SW - 1, pg);
 #pragma unroll 1
         for (int j = 0; j < nt; j++) {
-            if (j + S - 1 < nt)
-                load(j + S - 1, pg);
+            if (j + SW - 1 < nt)
+                load(j + SW - 1, pg);
             il_cp_commit();
-            pages(j + S, pg);
-            il_arrive<S - 1>();
-            il_mma(m, j % S, acc);
-            il_epilogue<HP, QB>(acc, m.ws, bk, lq, tile(j),
-                                m.scs + (j % S) * IL_ROWS, out);
-            il_wg_sync(); /* stage j % S is free for tile j + S */
+            pages(j + SW, pg);
+            il_arrive<SW - 1>();
+            il_mma<NW, D>(m.kbase + (j % SW) * IL_ROWS * D, m.qa,
+                          m.kbytes + (j % SW) * IL_ROWS * D, m.qs, acc);
+            il_epilogue<HP, QW>(acc, m.ws, bk, lq, tile(j),
+                                m.scs + (j % SW) * IL_ROWS, out);
+            il_wg_sync(); /* stage j % SW is free for tile j + SW */
         }
     }
 
@@ -620,25 +617,124 @@ struct il_loop {
             fold(acc, tile(j), sc0, sc1, lq);
         }
     }
+    /* Prefill on sm_90a (run_shared): every warpgroup GEMMs every tile of
+     * the block, each against its own queries, from 2 S shared stages.
+     * All NT threads copy each tile (16-byte cp.async at stage offset
+     * 16 idx: row 8 (idx / 8 / C) + idx % 8, chunk idx / 8 % C, so a warp
+     * writes whole 128-byte lines) and arrive on the stage's full barrier
+     * when their copies land (count NT); lane 0 of each warp arrives on
+     * its empty barrier once the warp's wgmma is done (count NT / 32). */
+    static constexpr int SS = 2 * S, PD = SS > 3 ? SS - 2 : SS - 1;
+
+    __device__ __forceinline__ void issue_shared(int j, unsigned full) const
+    {
+        constexpr int C = D / 16;
+        const int st = j % SS, row0 = tile(j) * IL_ROWS;
+        const unsigned dst = m.k0 + st * IL_ROWS * D;
+#pragma unroll
+        for (int idx = threadIdx.x; idx < IL_ROWS * C; idx += NT) {
+            const int row = row0 + 8 * (idx / 8 / C) + idx % 8;
+            const bool v = row < bk.hi;
+            il_cp16(dst + 16 * idx,
+                    v ? k + (long long)row * D + idx / 8 % C * 16 : k, v);
+        }
+        if (threadIdx.x < IL_ROWS) {
+            const int row = row0 + threadIdx.x;
+            il_cp4(m.s0 + (st * IL_ROWS + threadIdx.x) * 4,
+                   row < bk.hi ? ksc + row : ksc, row < bk.hi);
+        }
+        il_cp_arrive(full + 8 * st);
+    }
+
+    /* Prefetch distance PD < SS tiles: tile j + PD refills the stage of
+     * tile j + PD - SS, so a warpgroup waits for the others only when it
+     * runs SS - PD tiles ahead of one. */
+    __device__ __forceinline__ void run_shared(unsigned full, unsigned empty)
+    {
+        const il_quad<QW> lq(bk, lo, hi);
+        float acc[NW / 2];
+        for (int j = 0; j < PD && j < nt; j++)
+            issue_shared(j, full);
+#pragma unroll 1
+        for (int j = 0; j < nt; j++) {
+            const int st = j % SS, jn = j + PD;
+            if (jn < nt) {
+                if (jn >= SS)
+                    il_bar_wait(empty + 8 * (jn % SS), (jn / SS - 1) & 1u);
+                issue_shared(jn, full);
+            }
+            il_bar_wait(full + 8 * st, (unsigned)(j / SS) & 1u);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            il_mma<NW, D>(m.k0 + st * IL_ROWS * D, m.qa, nullptr, nullptr,
+                          acc);
+            const float *sc = m.sc0 + st * IL_ROWS + il_row16();
+            const float sc0 = sc[0], sc1 = sc[8];
+            __syncwarp();
+            if ((threadIdx.x & 31) == 0)
+                il_bar_arrive(empty + 8 * st);
+            float v[2 * QW] = {};
+            il_partial<HP>(v, acc, m.ws, 0, NW / 8);
+            lq.write(v, bk, tile(j) * IL_ROWS + il_row16(), sc0, sc1, out);
+        }
+    }
 #endif
+
+    /* The mbarriers (sm_90a; bars[2][NB]): decode, each warpgroup's S
+     * stage barriers (bars[w]); prefill, the 2 S shared stages' full
+     * (bars[0]) and empty (bars[1]) barriers.  Returns the shared address
+     * of bars[w] (decode: this warpgroup's). */
+    static constexpr int NB = PAGED ? S : 2 * S;
+
+    __device__ __forceinline__ unsigned init_bars(kw_u64 (*bars)[NB]) const
+    {
+        const unsigned b = (unsigned)__cvta_generic_to_shared(
+            bars[PAGED ? il_wg() : il_wg() & 1]);
+#if IL_WGMMA
+        if ((PAGED || il_wg() < 2) && il_wt() < NB)
+            il_bar_init(b + 8 * il_wt(), PAGED ? 33 /* expect_tx + 32 lanes */
+                                         : il_wg() ? NT / 32 : NT);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+        return b;
+    }
+
+    /* Runs the tile loop; bar: init_bars()'s address. */
+    __device__ __forceinline__ void go(unsigned bar, kw_u64 (*bars)[NB])
+    {
+#if IL_WGMMA
+        if constexpr (PAGED)
+            run_tma(bar);
+        else
+            run_shared((unsigned)__cvta_generic_to_shared(bars[0]),
+                       (unsigned)__cvta_generic_to_shared(bars[1]));
+#else
+        run();
+#endif
+    }
 };
 
 /* Blocks per SM the registers are capped for: two for 128 GEMM columns
  * (one in its epilogue while the other keeps the tensor cores busy), one
- * for 256; three for the sm_90a decode path at 64 columns or fewer, whose
- * K rows need no registers beyond one tile (shared memory then decides). */
-__host__ __device__ constexpr int il_min_blocks(int h, bool paged, int nn)
+ * for 256 or for four warpgroups; three for the sm_90a decode path at 64
+ * columns or fewer, whose K rows need no registers beyond one tile
+ * (shared memory then decides). */
+__host__ __device__ constexpr int il_min_blocks(int h, int d, bool paged,
+                                               int nn)
 {
-    return IL_WGMMA && paged && il_qb(h, paged, nn) * il_hp(h) <= 64 ? 3
-           : il_qb(h, paged, nn) * il_hp(h) <= 128                  ? 2
-                                                                    : 1;
+    return IL_WGMMA && paged && il_qb(h, d, paged, nn) * il_hp(h) <= 64 ? 3
+           : il_nwg(h, d, paged) == 4 ? 1
+           : (paged ? il_qb(h, d, paged, nn) * il_hp(h) : il_cols(h)) <= 128
+               ? 2
+               : 1;
 }
 
 /* Entry point.  Prefill: (q, w, k, k_scale, ks, ke, num_rows, num_k,
  * stride, logits); decode: (q, w, k_pages, k_scale_pages, block_table,
  * row_end, num_reqs, width, max_rows, logits); see kw_kernels.h. */
 template <int H, int D, bool PAGED, int PR, int NEXT_N>
-__global__ void __launch_bounds__(IL_THREADS, il_min_blocks(H, PAGED, NEXT_N))
+__global__ void __launch_bounds__(il_threads(H, D, PAGED),
+                                  il_min_blocks(H, D, PAGED, NEXT_N))
     kw_k_indexer_logits(
     const kw_u8 *__restrict__ q, const float *__restrict__ w,
     const kw_u8 *__restrict__ k, const float *__restrict__ ksc,
@@ -646,12 +742,12 @@ __global__ void __launch_bounds__(IL_THREADS, il_min_blocks(H, PAGED, NEXT_N))
     int z, float *__restrict__ out)
 {
     typedef il_loop<H, D, PAGED, PR, NEXT_N> L;
-    constexpr int HP = L::HP, QB = L::QB, NQ = L::NQ;
-    static_assert(D % 32 == 0 && NQ <= 256, "key outside the family");
+    constexpr int HP = L::HP, QB = L::QB, NQ = L::NQ, QW = L::QW;
+    static_assert(D % 32 == 0 && L::NW <= 256, "key outside the family");
     extern __shared__ __align__(128) kw_u8 il_smem[];
     __shared__ int lo[QB], hi[QB];
     L lp(il_smem);
-    il_block<QB> &bk = lp.bk;
+    il_block<QB> bk;
     lp.bt = ia;
     if (PAGED) {
         const int b = blockIdx.y, q0 = blockIdx.z * QB;
@@ -673,18 +769,11 @@ __global__ void __launch_bounds__(IL_THREADS, il_min_blocks(H, PAGED, NEXT_N))
         hi[threadIdx.x] = v ? ib[i] : 0;
     }
     constexpr bool TMA = IL_WGMMA && PAGED;
-    il_load_queries<H, D, HP, NQ, TMA>((kw_u8 *)lp.m.qs, lp.m.ws, q, w,
-                                        bk.row0, bk.nq);
-#if IL_WGMMA
-    __shared__ __align__(8) kw_u64 il_bars[2][L::S];
-    const unsigned bar0 = (unsigned)__cvta_generic_to_shared(il_bars[il_wg()]);
-    if (TMA) {
-        if (il_wt() < L::S)
-            il_bar_init(bar0 + 8 * il_wt(), 33); /* expect_tx + 32 lanes */
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    }
-#endif
+    il_load_queries<H, D, HP, NQ, TMA, L::NT>(
+        il_smem, (float *)(il_smem + NQ * D + L::S * IL_TILE * (D + 4)), q, w,
+        bk.row0, bk.nq);
+    __shared__ __align__(8) kw_u64 il_bars[2][L::NB];
+    const unsigned bar = lp.init_bars(il_bars);
     __syncthreads();
     bk.lo = 0x7fffffff;
     bk.hi = 0;
@@ -705,27 +794,25 @@ __global__ void __launch_bounds__(IL_THREADS, il_min_blocks(H, PAGED, NEXT_N))
         count = lp.tlo < thi ? (thi - lp.tlo + lp.tstep - 1) / lp.tstep : 0;
         const int tend = (bk.limit + IL_ROWS - 1) / IL_ROWS;
         for (int t = lp.tlo + count * lp.tstep; t < tend; t += lp.tstep)
-            il_fill(bk, t * IL_ROWS, (t + 1) * IL_ROWS, out);
+            il_fill<QB, L::NT>(bk, t * IL_ROWS, (t + 1) * IL_ROWS, out);
     } else {
         first = bk.lo / IL_ROWS;
         lp.tlo = first;
         lp.tstep = 1;
         count = thi - first;
-        il_fill(bk, 0, first * IL_ROWS, out);
-        il_fill(bk, thi * IL_ROWS, bk.limit, out);
+        il_fill<QB, L::NT>(bk, 0, first * IL_ROWS, out);
+        il_fill<QB, L::NT>(bk, thi * IL_ROWS, bk.limit, out);
     }
-    /* Warpgroup w takes the block's tiles w, w + 2, ... */
-    lp.nt = (count - il_wg() + 1) / 2;
-    lp.lo = lo;
-    lp.hi = hi;
+    /* Decode: warpgroup w takes the block's tiles w, w + 2, ...; prefill:
+     * every tile, for its QW queries. */
+    const int q0 = PAGED ? 0 : il_wg() * QW;
+    lp.nt = PAGED ? (count - il_wg() + 1) / 2 : count;
+    lp.bk = {PAGED ? bk.nq : min(max(bk.nq - q0, 0), QW), bk.row0 + q0,
+             bk.lo, bk.hi, bk.limit, bk.stride};
+    lp.lo = lo + q0;
+    lp.hi = hi + q0;
     lp.k = k;
     lp.ksc = ksc;
     lp.out = out;
-#if IL_WGMMA
-    if constexpr (TMA) {
-        lp.run_tma(bar0);
-        return;
-    }
-#endif
-    lp.run();
+    lp.go(bar, il_bars);
 }

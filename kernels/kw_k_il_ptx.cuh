@@ -5,7 +5,9 @@
  * the sm_90a mbarrier and 1-D bulk-copy wrappers.  Included by
  * indexer_logits.cu only, so only its keys' digests hash it
  * (kernels/sources.c).  It uses nothing of the .cu but the kw_u64 and
- * kw_u8 typedefs, and defines IL_WGMMA (1 when compiled for sm_90a).
+ * kw_u8 typedefs, and defines IL_WGMMA (1 when compiled for sm_90a); its
+ * end holds the warpgroup helpers and the tensor-core step of a tile
+ * (il_mma) that the .cu's loops share.
  */
 #ifndef KW_K_IL_PTX_CUH
 #define KW_K_IL_PTX_CUH
@@ -267,6 +269,14 @@ __device__ __forceinline__ void il_cp_arrive(unsigned bar)
                  ::"r"(bar) : "memory");
 }
 
+/* A plain arrival on bar (release: this thread's earlier reads of what
+ * the barrier guards are done). */
+__device__ __forceinline__ void il_bar_arrive(unsigned bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar)
+                 : "memory");
+}
+
 __device__ __forceinline__ void il_expect_tx(unsigned bar, unsigned bytes)
 {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
@@ -293,5 +303,55 @@ __device__ __forceinline__ void il_bulk(unsigned dst, const void *src,
                  ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
 #endif
+
+/* This thread's warpgroup (128 threads) and its index in it. */
+__device__ __forceinline__ int il_wg() { return (int)threadIdx.x >> 7; }
+__device__ __forceinline__ int il_wt() { return (int)threadIdx.x & 127; }
+
+/* This warpgroup's barrier (ids 1 to 4; 0 is __syncthreads). */
+__device__ __forceinline__ void il_wg_sync()
+{
+    asm volatile("bar.sync %0, 128;\n" ::"r"(1 + il_wg()) : "memory");
+}
+
+/* The GEMM of the 64-row K tile at ka (generic kt) against N query
+ * columns at qa (generic qs) into acc: wgmma on sm_90a, mma.sync
+ * elsewhere. */
+template <int N, int D>
+__device__ __forceinline__ void il_mma(unsigned ka, unsigned qa,
+                                       const kw_u8 *kt, const kw_u8 *qs,
+                                       float *acc)
+{
+#if IL_WGMMA
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+    for (int kk = 0; kk < D / 32; kk++)
+        il_wgmma<N>::run(acc, il_desc(ka + kk * 256, 8 * D),
+                         il_desc(qa + kk * 256, 8 * D), kk > 0);
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    /* The accumulators are read only after the wait. */
+#pragma unroll
+    for (int j = 0; j < N / 2; j++)
+        asm volatile("" : "+f"(acc[j])::"memory");
+#else
+#pragma unroll
+    for (int j = 0; j < N / 2; j++)
+        acc[j] = 0.0f;
+    il_mma_warp<N, D>(acc, kt, qs, 16 * ((threadIdx.x >> 5) & 3));
+#endif
+}
+
+/* Waits for this thread's copies of all but the newest N groups, then
+ * makes the warpgroup's copies visible to it and to wgmma. */
+template <int N>
+__device__ __forceinline__ void il_arrive()
+{
+    il_cp_wait<N>();
+#if IL_WGMMA
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+    il_wg_sync();
+}
 
 #endif /* KW_K_IL_PTX_CUH */
