@@ -281,11 +281,40 @@ def topk(kern, iters, res):
     res["topk_identical_to_stable_torch"] = bool(torch.equal(stable.to(torch.int32), out))
 
 
+def also(a, dirs, res):
+    """Prefill of DIR and DIR2 again, alternately, then each's decode rows
+    (res keys prefixed also_ for DIR2)."""
+    for rnd in range(2):
+        for tag, d in dirs:
+            r = {}
+            meta = json.load(open(f"{d}/kernels.json"))
+            prefill(Kernel(d, "logits_prefill", meta), a.iters, r, peers=False)
+            res[f"{tag}prefill_ms_{rnd}"] = r["prefill_ms"]
+            res[f"{tag}prefill_mismatches_{rnd}"] = r["prefill_mismatches"]
+            print(f"  {d} prefill (round {rnd}): {r['prefill_ms']:.3f} ms = {r['prefill_tflops']:.0f} TFLOP/s "
+                  f"({r['prefill_tflops'] / res['fp8_mm_tflops']:.2f}), {r['prefill_mismatches']} mismatches", flush=True)
+            torch.cuda.empty_cache()
+    cg = copy_gbps(a.iters)
+    for rnd in range(2):
+        for tag, d in dirs:
+            meta = json.load(open(f"{d}/kernels.json"))
+            for nn in (1, 2):
+                r = {}
+                decode(Kernel(d, f"logits_decode_n{nn}", meta), nn, a.iters, r)
+                print(f"  {d} decode next_n {nn} (round {rnd}): {r[f'decode_n{nn}_ms']:.3f} ms = "
+                      f"{r[f'decode_n{nn}_k_gbps'] / cg:.2f} of copy {cg:.0f} GB/s, "
+                      f"{r[f'decode_n{nn}_mismatches']} mismatches", flush=True)
+                res[f"{tag}decode_n{nn}_ms_{rnd}"] = r[f"decode_n{nn}_ms"]
+                torch.cuda.empty_cache()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("dir")
     ap.add_argument("--json")
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--also", metavar="DIR2",
+                    help="time DIR2's logits cubins too, in this process")
     a = ap.parse_args()
     meta = json.load(open(f"{a.dir}/kernels.json"))
     res = {"device": torch.cuda.get_device_name()}
@@ -301,6 +330,9 @@ def main():
           f"(kwarm {res['prefill_triton_ms'] / res['prefill_ms']:.1f}x faster), "
           f"{res['prefill_triton_mismatches']} mismatches", flush=True)
     torch.cuda.empty_cache()
+    dirs = [("", a.dir)] + ([("also_", a.also)] if a.also else [])
+    if a.also:
+        also(a, dirs, res)
     res["copy_gbps"] = copy_gbps(a.iters)
     for nn in (1, 2):
         decode(Kernel(a.dir, f"logits_decode_n{nn}", meta), nn, a.iters, res)

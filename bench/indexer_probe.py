@@ -2,7 +2,16 @@
 """Where the time goes: the indexer kernels with parts cut out.
 
 usage (on the GPU machine, from the repository root):
-    python3 bench/indexer_probe.py OUT.json
+    python3 bench/indexer_probe.py OUT.json [--logits-only] [--no-cuts]
+        [--all-cuts] [TAG=KERNELS_DIR ...]
+    python3 bench/indexer_probe.py OUT.json --portable
+
+TAG=KERNELS_DIR adds the prefill logits of another kernels/ tree (e.g. a
+checkout of an older commit's kernels/), timed in the same process,
+alternately with the working tree's (cuts only for the working tree's
+unless --all-cuts; --no-cuts: none, three rounds).  --portable checks the
+working tree's prefill key built for compute_80 (the mma.sync path, run
+on the GPU through the driver's PTX JIT) against its sm_90a build.
 
 Each variant is kernels/indexer_*.cu with one step removed by a text
 replacement (asserted to apply), compiled with cupy's NVRTC, and timed on
@@ -27,8 +36,8 @@ def timed(fn, iters=5):
     return statistics.median(ms)
 
 
-def build(src, arch, expr):
-    mod = cupy.RawModule(code=src, options=OPTS + ("--gpu-architecture=" + arch,),
+def build(src, arch, expr, inc=SRC):
+    mod = cupy.RawModule(code=src, options=OPTS + ("--gpu-architecture=" + arch, "-I" + inc),
                          name_expressions=[expr])
     return mod.get_function(expr)
 
@@ -39,14 +48,66 @@ def launch(fn, grid, block, shmem, args):
     fn(grid, (block,), tuple(conv), shared_mem=shmem)
 
 
-def logits_variants():
-    src = open(SRC + "indexer_logits.cu").read()
+LOGITS_CUTS = {
+    # il_loop::run_halves (sm_90a prefill: the warpgroups share each tile,
+    # each folds one half of its columns while the other half's MMA runs)
+    "noepilogue": [
+        ("        float v[2 * QH] = {};\n"
+         "        il_partial<HP>(v, acc, m.ws + h * NH, 0, NH / 8);\n"
+         "        lq.write(v, bk, t * IL_ROWS + il_row16(), sc0, sc1,\n"
+         "                 out + h * QH * bk.stride);",
+         "        if (acc[0] == 123.0f) out[0] = acc[1] + sc0 + sc1;"),
+        # il_loop::run_shared (the same, unsplit) and il_loop::run (HEAD)
+        ("            il_partial<HP>(v, acc, m.ws, 0, NW / 8);\n"
+         "            lq.write(v, bk, tile(j) * IL_ROWS + il_row16(), sc0, sc1, out);",
+         "            if (acc[0] == 123.0f) out[0] = acc[1] + sc0 + sc1 + v[0];"),
+        ("            il_epilogue<HP, QB>(acc, m.ws, bk, lq, tile(j),\n"
+         "                                m.scs + (j % S) * IL_ROWS, out);",
+         "            if (acc[0] == 123.0f) out[0] = acc[1];")],
+    "nomma": [
+        ("            il_wgmma<NH>::run(acc, il_desc(ka + kk * 256, 8 * D),\n"
+         "                              il_desc(qa + kk * 256, 8 * D), kk > 0);",
+         "            acc[kk] = (float)kk;"),
+        ("            il_mma<NW, D>(m.k0 + st * IL_ROWS * D, m.qa, nullptr, nullptr,\n"
+         "                          acc);",
+         "            for (int q_ = 0; q_ < NW / 2; q_++) acc[q_] = (float)q_;"),
+        ("            il_mma(m, j % S, acc);",
+         "            for (int q_ = 0; q_ < NQ / 2; q_++) acc[q_] = (float)q_;")],
+    "noload": [
+        ("                issue_shared(jn, full);\n            }", "            }"),
+        ("            il_bar_wait(full + 8 * st, (unsigned)(j / SS) & 1u);",
+         "            if (j < PD) il_bar_wait(full + 8 * st, (unsigned)(j / SS) & 1u);"),
+        ("                    il_bar_wait(empty + 8 * (jn % SS), (jn / SS - 1) & 1u);",
+         "                    {}"),
+        ("            if (j + S - 1 < nt)\n                load(j + S - 1, pg);", "")],
+}
+
+
+def logits_cuts(src):
+    """The prefill loop with one step cut out (LOGITS_CUTS: whichever of
+    the loops the source has): the epilogue, the MMA, or the loads (every
+    stage is read as it was after its first fill, so nothing waits on
+    memory)."""
     v = {"base": src}
-    v["noepilogue"] = src.replace("            il_epilogue<HP, QB>(acc, m.ws, bk, lo, hi, tile(j),\n                                m.scs + (j % S) * IL_ROWS, out);", "            if (acc[0] == 123.0f) out[0] = acc[1];")
-    v["nomma"] = src.replace("            il_mma(m, j % S, acc);", "            for (int q_ = 0; q_ < NQ / 2; q_++) acc[q_] = (float)q_;")
-    v["noload"] = src.replace("            if (j + S - 1 < nt)\n                load(j + S - 1, pg);", "")
-    for k_, s in v.items():
-        assert k_ == "base" or s != src, k_
+    for name, reps in LOGITS_CUTS.items():
+        s_ = src
+        for old, new in reps:
+            s_ = s_.replace(old, new)
+        assert s_ != src, name
+        v[name] = s_
+    return v
+
+
+def smem_bytes(nq, d=128, cap=4):
+    """il_smem_bytes (kernels/indexer_logits.cu) for nq columns, at most
+    cap stages."""
+    s = max(1, min(cap, (217088 - nq * d - nq * 4) // (128 * (d + 4))))
+    return nq * d + s * 128 * (d + 4) + nq * 4
+
+
+def logits_variants(dirs):
+    """Each kernels directory of dirs (TAG=DIR; the first is the working
+    tree's) with its cuts, on the same data in one process."""
     T, N, H, D = 4096, 65536, 64, 128
     g = torch.Generator(device="cuda").manual_seed(2)
     q = (torch.randn(T, H, D, generator=g, device="cuda")).to(torch.float8_e4m3fn)
@@ -58,11 +119,22 @@ def logits_variants():
     out = torch.empty(T, N, device="cuda")
     flops = 2.0 * H * D * float((ke - ks).sum().item())
     res = {}
-    for name, s in v.items():
-        fn = build(s, "sm_90a", "kw_k_indexer_logits<64,128,false,0,1>")
-        ms = timed(lambda: launch(fn, (T // 2,), 256, 84480, [q.view(torch.uint8), w, k.view(torch.uint8), ksc, ks, ke, T, N, N, out]))
-        res[name] = ms
-        print(f"logits {name}: {ms:.3f} ms = {flops / ms / 1e9:.0f} TFLOP/s", flush=True)
+    rounds = 3 if "--no-cuts" in sys.argv else 2
+    for rnd in range(rounds):
+        for tag, d in dirs:
+            src = open(d + "/indexer_logits.cu").read()
+            # queries per block and threads of each generation of the kernel
+            qb, nt = (8, 512) if "il_nwg" in src else (4, 256) if "run_shared" in src else (2, 256)
+            cap = 6 if "nq >= 512 ? 6 : 4" in src and qb * 64 >= 512 else 4
+            for name, s in logits_cuts(src).items():
+                if (rnd or "--no-cuts" in sys.argv or
+                        tag != dirs[0][0] and "--all-cuts" not in sys.argv) and name != "base":
+                    continue
+                fn = build(s, "sm_90a", "kw_k_indexer_logits<64,128,false,0,1>", d)
+                shm = smem_bytes(qb * 64, cap=cap)
+                ms = timed(lambda: launch(fn, (T // qb,), nt, shm, [q.view(torch.uint8), w, k.view(torch.uint8), ksc, ks, ke, T, N, N, out]))
+                res[f"{tag}_{name}_{rnd}"] = ms
+                print(f"logits {tag} {name} (round {rnd}): {ms:.3f} ms = {flops / ms / 1e9:.0f} TFLOP/s", flush=True)
     return res
 
 
@@ -143,7 +215,46 @@ def topk_variants():
     return res
 
 
+def portable_check(d="kernels"):
+    """The prefill key of d built for compute_80 (the mma.sync path, PTX
+    JIT-compiled by the driver) against the sm_90a build on the same data:
+    the largest difference relative to the row's largest magnitude, and
+    whether the -inf positions agree."""
+    src = open(d + "/indexer_logits.cu").read()
+    qb, nt = (8, 512) if "il_nwg" in src else (4, 256) if "run_shared" in src else (2, 256)
+    T, N, H, D = 512, 8192, 64, 128
+    g = torch.Generator(device="cuda").manual_seed(5)
+    q = torch.randn(T, H, D, generator=g, device="cuda").to(torch.float8_e4m3fn)
+    k = torch.randn(N, D, generator=g, device="cuda").to(torch.float8_e4m3fn)
+    w = torch.randn(T, H, generator=g, device="cuda") / H
+    ksc = torch.rand(N, generator=g, device="cuda") + 0.5
+    ks = torch.randint(0, N // 2, (T,), generator=g, device="cuda").to(torch.int32)
+    ke = (ks + torch.randint(1, N // 2, (T,), generator=g, device="cuda")).to(torch.int32)
+    outs = []
+    for arch in ("sm_90a", "compute_80"):
+        fn = build(src, arch, "kw_k_indexer_logits<64,128,false,0,1>", d)
+        out = torch.full((T, N), 7.0, device="cuda")
+        launch(fn, ((T + qb - 1) // qb,), nt, smem_bytes(qb * 64),
+               [q.view(torch.uint8), w, k.view(torch.uint8), ksc, ks, ke, T - 3, N, N, out])
+        torch.cuda.synchronize()
+        outs.append(out)
+    a, b = outs
+    fin = torch.isfinite(b)
+    same_inf = bool(torch.equal(torch.isinf(a), torch.isinf(b)))
+    untouched = bool((a[T - 3:] == 7.0).all() and (b[T - 3:] == 7.0).all())
+    rel = ((a - b).abs()[fin].max() / b[fin].abs().max()).item()
+    print(f"portable (compute_80) vs sm_90a prefill: max rel diff {rel:.2e}, "
+          f"-inf positions equal {same_inf}, rows past num_rows untouched {untouched}", flush=True)
+    return {"rel": rel, "same_inf": same_inf, "untouched": untouched}
+
+
 if __name__ == "__main__":
-    r = {"topk": topk_variants(), "logits": logits_variants(),
-         "decode": decode_variants()}
+    extra = [a.split("=", 1) for a in sys.argv[2:] if "=" in a]
+    if "--portable" in sys.argv:
+        r = {"portable": portable_check()}
+    elif "--logits-only" in sys.argv:
+        r = {"logits": logits_variants([("tree", "kernels")] + extra)}
+    else:
+        r = {"topk": topk_variants(), "logits": logits_variants([("tree", "kernels")] + extra),
+             "decode": decode_variants()}
     json.dump(r, open(sys.argv[1], "w"), indent=1)
