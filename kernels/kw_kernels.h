@@ -116,8 +116,12 @@ typedef struct kw_k_dev {
  *       e4m3), const float *w [T][H], const uint8 *k [N][D], const float
  *       *k_scale [N], const int *ks, const int *ke, int num_rows (T),
  *       int num_k (N), int stride, float *logits [T][stride].
- *       Grid: ceil(T / kw_k_logits_queries()) blocks.  Each of the two
- *       warpgroups of a block takes every other tile of 64 K rows.
+ *       Grid: ceil(T / kw_k_logits_queries()) blocks.  Block:
+ *       kw_k_block_threads() threads: 512 (four warpgroups, each scoring
+ *       its own queries against every 64-row K tile of the block's
+ *       window, the tiles shared) when the heads, padded to a power of
+ *       two, are at most 128 and leave room for the stages; else 256 (two
+ *       warpgroups).
  *   indexer_logits, decode (paged true): const uint8 *q [Q][H][D], const
  *       float *w [Q][H], const uint8 *k_pages [pages][page_rows][D], const
  *       float *k_scale_pages [pages][page_rows], const int *block_table
@@ -128,8 +132,11 @@ typedef struct kw_k_dev {
  *       resident blocks (on an H200, B = 128 and 64 columns: split 3 at
  *       three blocks per SM), since a block's set-up and pipeline fill
  *       cost about ten 64-row tiles.
- *       Both: kw_k_block_threads() (256) threads and kw_k_shmem_bytes()
- *       of dynamic shared memory, the same on every arch.
+ *       Block: 256 threads (two warpgroups, each taking every other
+ *       tile of 64 K rows).
+ *       Both: kw_k_block_threads() threads and kw_k_shmem_bytes() of
+ *       dynamic shared memory, the same on every arch; a launch with
+ *       another block size is wrong.
  *   indexer_topk: const float *logits [rows][stride], const int *ks
  *       (windowed; else row_end), const int *ke (windowed; else 0), int
  *       num_rows, int stride, int *topk_pos [rows][topk].  Block: 512
