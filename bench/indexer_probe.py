@@ -2,14 +2,15 @@
 """Where the time goes: the indexer kernels with parts cut out.
 
 usage (on the GPU machine, from the repository root):
-    python3 bench/indexer_probe.py OUT.json [--logits-only] [--no-cuts]
-        [--all-cuts] [TAG=KERNELS_DIR ...]
+    python3 bench/indexer_probe.py OUT.json [--logits-only [--no-tree]]
+        [--no-cuts] [--all-cuts] [TAG=KERNELS_DIR ...]
     python3 bench/indexer_probe.py OUT.json --portable
 
 TAG=KERNELS_DIR adds the prefill logits of another kernels/ tree (e.g. a
 checkout of an older commit's kernels/), timed in the same process,
 alternately with the working tree's (cuts only for the working tree's
-unless --all-cuts; --no-cuts: none, three rounds).  --portable checks the
+unless --all-cuts; --no-cuts: none, three rounds; --no-tree: only the
+TAG=KERNELS_DIR trees, the first timed first).  --portable checks the
 working tree's prefill key built for compute_80 (the mma.sync path, run
 on the GPU through the driver's PTX JIT) against its sm_90a build.
 
@@ -36,10 +37,17 @@ def timed(fn, iters=5):
     return statistics.median(ms)
 
 
+_built = {}
+
+
 def build(src, arch, expr, inc=SRC):
+    key = (src, arch, expr, inc)
+    if key in _built:
+        return _built[key]
     mod = cupy.RawModule(code=src, options=OPTS + ("--gpu-architecture=" + arch, "-I" + inc),
                          name_expressions=[expr])
-    return mod.get_function(expr)
+    _built[key] = mod.get_function(expr)
+    return _built[key]
 
 
 def launch(fn, grid, block, shmem, args):
@@ -71,6 +79,8 @@ LOGITS_CUTS = {
         ("            il_mma<NW, D>(m.k0 + st * IL_ROWS * D, m.qa, nullptr, nullptr,\n"
          "                          acc);",
          "            for (int q_ = 0; q_ < NW / 2; q_++) acc[q_] = (float)q_;"),
+        ("            il_mma_issue<NW, D>(kd + st * (IL_ROWS * D >> 4), qd, acc);",
+         "            for (int q_ = 0; q_ < NW / 2; q_++) acc[q_] = (float)q_;"),
         ("            il_mma(m, j % S, acc);",
          "            for (int q_ = 0; q_ < NQ / 2; q_++) acc[q_] = (float)q_;")],
     "noload": [
@@ -89,6 +99,8 @@ def logits_cuts(src):
     stage is read as it was after its first fill, so nothing waits on
     memory)."""
     v = {"base": src}
+    if "--no-cuts" in sys.argv:
+        return v
     for name, reps in LOGITS_CUTS.items():
         s_ = src
         for old, new in reps:
@@ -253,7 +265,8 @@ if __name__ == "__main__":
     if "--portable" in sys.argv:
         r = {"portable": portable_check()}
     elif "--logits-only" in sys.argv:
-        r = {"logits": logits_variants([("tree", "kernels")] + extra)}
+        tree = [] if "--no-tree" in sys.argv else [("tree", "kernels")]
+        r = {"logits": logits_variants(tree + extra)}
     else:
         r = {"topk": topk_variants(), "logits": logits_variants([("tree", "kernels")] + extra),
              "decode": decode_variants()}

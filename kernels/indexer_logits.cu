@@ -34,7 +34,11 @@
  * K crosses from L2 to shared memory once per QB queries (8 for 64
  * heads, against 2 before): bound by that traffic, prefill went from 7.4
  * to 5.0-5.2 ms (0.42 to 0.60-0.63 of torch._scaled_mm) on the H200; 2
- * warpgroups sharing (QB 4): 5.75 ms.  Off sm_90a each warpgroup
+ * warpgroups sharing (QB 4): 5.75 ms.  Copying each tile with one warp
+ * in turn and the wgmma descriptors computed once took 25% of the loop's
+ * instructions away but only about 2% of its time (4.87-5.05 ms): the
+ * loop is bound by latency, not issue slots (Nsight Compute: 59% busy
+ * before, 45% after; tensor pipe 45% active).  Off sm_90a each warpgroup
  * pipelines its own copies of the tiles (il_loop::run).  Row scales
  * travel with their tile and decode pages are read one iteration ahead,
  * so no step waits on a dependent global load.  Shared memory holds the
@@ -44,10 +48,13 @@
  * neighbours 128 bytes apart, 8-row groups 8*HEAD_DIM apart).
  *
  * How a stage is filled:
- *  - prefill on sm_90a (il_loop::run_shared): all threads copy 16-byte
- *    chunks with cp.async into 2 S shared stages, completing on the
- *    stage's full mbarrier; each warp marks the stage empty when its
- *    wgmma is done;
+ *  - prefill on sm_90a (il_loop::run_shared): one warp per tile, the
+ *    block's warps in turn (tile t: warp t % 16), copies its 16-byte
+ *    chunks with cp.async into one of 2 S shared stages, completing on
+ *    the stage's full mbarrier; each warp marks the stage empty when its
+ *    wgmma is done.  All 512 threads copying one chunk each cost about 90
+ *    instructions per warp and tile (a quarter of the loop's issue
+ *    slots, Nsight Compute on the H200); in turn, about 13;
  *  - off sm_90a: each warpgroup's threads copy 16-byte chunks with
  *    cp.async into its own stages (il_loop::run);
  *  - decode on sm_90a (il_loop::run_tma): one warp per warpgroup issues
@@ -619,29 +626,32 @@ struct il_loop {
     }
     /* Prefill on sm_90a (run_shared): every warpgroup GEMMs every tile of
      * the block, each against its own queries, from 2 S shared stages.
-     * All NT threads copy each tile (16-byte cp.async at stage offset
-     * 16 idx: row 8 (idx / 8 / C) + idx % 8, chunk idx / 8 % C, so a warp
-     * writes whole 128-byte lines) and arrive on the stage's full barrier
-     * when their copies land (count NT); lane 0 of each warp arrives on
-     * its empty barrier once the warp's wgmma is done (count NT / 32). */
+     * Warp t % (NT / 32) copies tile t (16-byte cp.async at stage offset
+     * 16 idx, idx = lane + 32 i: row 8 (idx / 8 / C) + idx % 8, chunk
+     * idx / 8 % C, so each copy instruction writes whole 128-byte lines)
+     * and its lanes arrive on the stage's full barrier when their copies
+     * land (count 32); lane 0 of each warp arrives on its empty barrier
+     * once the warp's wgmma is done (count NT / 32).  Only the copying
+     * warp waits for the stage to be empty. */
     static constexpr int SS = 2 * S, PD = SS > 3 ? SS - 2 : SS - 1;
 
     __device__ __forceinline__ void issue_shared(int j, unsigned full) const
     {
         constexpr int C = D / 16;
-        const int st = j % SS, row0 = tile(j) * IL_ROWS;
+        const int lane = threadIdx.x & 31, st = j % SS, row0 = tile(j) * IL_ROWS;
         const unsigned dst = m.k0 + st * IL_ROWS * D;
+        const kw_u8 *kt = k + (long long)row0 * D;
 #pragma unroll
-        for (int idx = threadIdx.x; idx < IL_ROWS * C; idx += NT) {
-            const int row = row0 + 8 * (idx / 8 / C) + idx % 8;
-            const bool v = row < bk.hi;
-            il_cp16(dst + 16 * idx,
-                    v ? k + (long long)row * D + idx / 8 % C * 16 : k, v);
+        for (int i = 0; i < IL_ROWS * C / 32; i++) {
+            const int idx = lane + 32 * i, r = 8 * (idx / 8 / C) + idx % 8;
+            const bool v = row0 + r < bk.hi;
+            il_cp16(dst + 16 * idx, v ? kt + r * D + idx / 8 % C * 16 : k, v);
         }
-        if (threadIdx.x < IL_ROWS) {
-            const int row = row0 + threadIdx.x;
-            il_cp4(m.s0 + (st * IL_ROWS + threadIdx.x) * 4,
-                   row < bk.hi ? ksc + row : ksc, row < bk.hi);
+#pragma unroll
+        for (int e = 0; e < IL_ROWS / 32; e++) {
+            const int r = lane + 32 * e;
+            il_cp4(m.s0 + (st * IL_ROWS + r) * 4,
+                   row0 + r < bk.hi ? ksc + row0 + r : ksc, row0 + r < bk.hi);
         }
         il_cp_arrive(full + 8 * st);
     }
@@ -652,21 +662,27 @@ struct il_loop {
     __device__ __forceinline__ void run_shared(unsigned full, unsigned empty)
     {
         const il_quad<QW> lq(bk, lo, hi);
+        const int warp = (int)threadIdx.x >> 5;
+        /* The descriptors of stage 0 and of the queries, and the barrier
+         * addresses, are computed once, not in every iteration (the empty
+         * asm keeps the compiler from recomputing the addresses). */
+        const kw_u64 kd = il_desc(m.k0, 8 * D), qd = il_desc(m.qa, 8 * D);
+        asm("" : "+r"(full), "+r"(empty));
         float acc[NW / 2];
-        for (int j = 0; j < PD && j < nt; j++)
+        for (int j = warp; j < PD && j < nt; j += NT / 32)
             issue_shared(j, full);
 #pragma unroll 1
         for (int j = 0; j < nt; j++) {
             const int st = j % SS, jn = j + PD;
-            if (jn < nt) {
+            if (jn < nt && jn % (NT / 32) == warp) {
                 if (jn >= SS)
                     il_bar_wait(empty + 8 * (jn % SS), (jn / SS - 1) & 1u);
                 issue_shared(jn, full);
             }
             il_bar_wait(full + 8 * st, (unsigned)(j / SS) & 1u);
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-            il_mma<NW, D>(m.k0 + st * IL_ROWS * D, m.qa, nullptr, nullptr,
-                          acc);
+            il_mma_issue<NW, D>(kd + st * (IL_ROWS * D >> 4), qd, acc);
+            il_mma_wait<NW>(acc);
             const float *sc = m.sc0 + st * IL_ROWS + il_row16();
             const float sc0 = sc[0], sc1 = sc[8];
             __syncwarp();
@@ -692,7 +708,7 @@ struct il_loop {
 #if IL_WGMMA
         if ((PAGED || il_wg() < 2) && il_wt() < NB)
             il_bar_init(b + 8 * il_wt(), PAGED ? 33 /* expect_tx + 32 lanes */
-                                         : il_wg() ? NT / 32 : NT);
+                                         : il_wg() ? NT / 32 : 32);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif

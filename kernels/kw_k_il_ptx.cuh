@@ -342,6 +342,31 @@ __device__ __forceinline__ void il_mma(unsigned ka, unsigned qa,
 #endif
 }
 
+#if IL_WGMMA
+/* il_mma on sm_90a in two halves, from the descriptors (il_desc) of the K
+ * tile and of the queries: k-step kk is 256 bytes further, 16 added to a
+ * descriptor (shared addresses stay below 256 KiB, so the sum stays in the
+ * address field).  il_mma_wait: after it the accumulators are read. */
+template <int N, int D>
+__device__ __forceinline__ void il_mma_issue(kw_u64 kd, kw_u64 qd, float *acc)
+{
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+    for (int kk = 0; kk < D / 32; kk++)
+        il_wgmma<N>::run(acc, kd + kk * 16, qd + kk * 16, kk > 0);
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void il_mma_wait(float *acc)
+{
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#pragma unroll
+    for (int j = 0; j < N / 2; j++)
+        asm volatile("" : "+f"(acc[j])::"memory");
+}
+#endif
+
 /* Waits for this thread's copies of all but the newest N groups, then
  * makes the warpgroup's copies visible to it and to wgmma. */
 template <int N>
