@@ -630,6 +630,55 @@ __host__ __device__ constexpr int il_min_blocks(int h, int d, bool paged,
                : 1;
 }
 
+/* Fills bk's rows and limits from the launch (prefill: blockIdx.x is the
+ * query group; decode: blockIdx.y the request, blockIdx.z the query
+ * group) and the block's query windows lo/hi (shared; decode windows
+ * start at 0).  Returns the block table of the block's request (decode),
+ * else ia. */
+template <int QB, bool PAGED, int NEXT_N>
+__device__ __forceinline__ const int *il_block_start(
+    il_block<QB> &bk, const int *__restrict__ ia, const int *__restrict__ ib,
+    int x, int y, int z, int *lo, int *hi)
+{
+    const int *bt = ia;
+    if (PAGED) {
+        const int b = blockIdx.y, q0 = blockIdx.z * QB;
+        bk.nq = NEXT_N - q0 < QB ? NEXT_N - q0 : QB;
+        bk.row0 = b * NEXT_N + q0;
+        bk.limit = z;
+        bk.stride = z;
+        bt = ia + (long long)b * y;
+    } else {
+        bk.row0 = blockIdx.x * QB;
+        bk.nq = x - bk.row0 < QB ? x - bk.row0 : QB;
+        bk.limit = y;
+        bk.stride = z;
+    }
+    if (threadIdx.x < QB) {
+        int i = bk.row0 + threadIdx.x;
+        bool v = (int)threadIdx.x < bk.nq;
+        lo[threadIdx.x] = v && !PAGED ? ia[i] : 0;
+        hi[threadIdx.x] = v ? ib[i] : 0;
+    }
+    return bt;
+}
+
+/* The union of the block's non-empty query windows ([0, 0) if none). */
+template <int QB>
+__device__ __forceinline__ void il_block_union(il_block<QB> &bk,
+                                               const int *lo, const int *hi)
+{
+    bk.lo = 0x7fffffff;
+    bk.hi = 0;
+    for (int qq = 0; qq < bk.nq; qq++)
+        if (lo[qq] < hi[qq]) {
+            bk.lo = min(bk.lo, lo[qq]);
+            bk.hi = max(bk.hi, hi[qq]);
+        }
+    if (bk.hi == 0)
+        bk.lo = 0;
+}
+
 /* Entry point.  Prefill: (q, w, k, k_scale, ks, ke, num_rows, num_k,
  * stride, logits); decode: (q, w, k_pages, k_scale_pages, block_table,
  * row_end, num_reqs, width, max_rows, logits); see kw_kernels.h. */
@@ -649,26 +698,7 @@ __global__ void __launch_bounds__(il_threads(H, D, PAGED),
     __shared__ int lo[QB], hi[QB];
     L lp(il_smem);
     il_block<QB> bk;
-    lp.bt = ia;
-    if (PAGED) {
-        const int b = blockIdx.y, q0 = blockIdx.z * QB;
-        bk.nq = NEXT_N - q0 < QB ? NEXT_N - q0 : QB;
-        bk.row0 = b * NEXT_N + q0;
-        bk.limit = z;
-        bk.stride = z;
-        lp.bt = ia + (long long)b * y;
-    } else {
-        bk.row0 = blockIdx.x * QB;
-        bk.nq = x - bk.row0 < QB ? x - bk.row0 : QB;
-        bk.limit = y;
-        bk.stride = z;
-    }
-    if (threadIdx.x < QB) {
-        int i = bk.row0 + threadIdx.x;
-        bool v = (int)threadIdx.x < bk.nq;
-        lo[threadIdx.x] = v && !PAGED ? ia[i] : 0;
-        hi[threadIdx.x] = v ? ib[i] : 0;
-    }
+    lp.bt = il_block_start<QB, PAGED, NEXT_N>(bk, ia, ib, x, y, z, lo, hi);
     constexpr bool TMA = IL_WGMMA && PAGED;
     il_load_queries<H, D, HP, NQ, TMA, L::NT>(
         il_smem, (float *)(il_smem + NQ * D + L::S * IL_TILE * (D + 4)), q, w,
@@ -676,15 +706,7 @@ __global__ void __launch_bounds__(il_threads(H, D, PAGED),
     __shared__ __align__(8) kw_u64 il_bars[2][L::NB];
     const unsigned bar = lp.init_bars(il_bars);
     __syncthreads();
-    bk.lo = 0x7fffffff;
-    bk.hi = 0;
-    for (int qq = 0; qq < bk.nq; qq++)
-        if (lo[qq] < hi[qq]) {
-            bk.lo = min(bk.lo, lo[qq]);
-            bk.hi = max(bk.hi, hi[qq]);
-        }
-    if (bk.hi == 0)
-        bk.lo = 0;
+    il_block_union(bk, lo, hi);
     /* Tiles of 64 rows: decode blocks stride over them (any grid), a
      * prefill block covers its queries' union window. */
     const int thi = (bk.hi + IL_ROWS - 1) / IL_ROWS;
