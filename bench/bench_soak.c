@@ -205,43 +205,120 @@ static void settle(pid_t pid, long rss0, long fds0, long *rss, long *fds)
     }
 }
 
-int main(int argc, char **argv)
+typedef struct soak_opts {
+    const char *bin, *json, *loops;
+    int nclients, rounds;
+    double secs;
+    bool hostile;
+} soak_opts;
+
+/* kwarmd's usage: at start, after the first pass, after each round. */
+typedef struct soak_usage {
+    long rss_start, fds_start, rss0, fds0;
+    long rss[SOAK_MAX_ROUNDS], fds[SOAK_MAX_ROUNDS];
+} soak_usage;
+
+static const char soak_usage_text[] =
+    "usage: bench_soak --kwarmd PATH [--loops N] [--clients N] "
+    "[--seconds S] [--rounds R] [--hostile] [--json FILE]";
+
+/* Parses argv into o; 0, or 2 after printing the usage. */
+static int parse(soak_opts *o, int argc, char **argv)
 {
-    static const char usage[] = "usage: bench_soak --kwarmd PATH [--loops N] [--clients N] "
-                                "[--seconds S] [--rounds R] [--hostile] [--json FILE]";
-    if (bench_help(argc, argv, usage))
-        return 0;
-    const char *bin = NULL, *json = NULL, *loops = NULL;
-    int nclients = 200, rounds = 1;
-    double secs = 120;
-    bool hostile = false;
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "--hostile") == 0) {
-            hostile = true;
+            o->hostile = true;
             memmove(&argv[i], &argv[i + 1], (size_t)(argc - i) * sizeof *argv);
             argc--;
         }
-    if (hostile) /* the 5,000-key warmups cost kwarmd's work, not NVRTC's */
-        setenv("KWARM_TEST_INSTANT_COMPILE", "1", 1);
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--kwarmd") == 0)
-            bin = argv[i + 1];
+            o->bin = argv[i + 1];
         else if (strcmp(argv[i], "--clients") == 0)
-            nclients = atoi(argv[i + 1]);
+            o->nclients = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--seconds") == 0)
-            secs = atof(argv[i + 1]);
+            o->secs = atof(argv[i + 1]);
         else if (strcmp(argv[i], "--json") == 0)
-            json = argv[i + 1];
+            o->json = argv[i + 1];
         else if (strcmp(argv[i], "--loops") == 0)
-            loops = argv[i + 1];
+            o->loops = argv[i + 1];
         else if (strcmp(argv[i], "--rounds") == 0)
-            rounds = atoi(argv[i + 1]);
+            o->rounds = atoi(argv[i + 1]);
     }
-    if (bin == NULL || nclients < 1 || nclients > 4096 || secs <= 0 ||
-        rounds < 1 || rounds > SOAK_MAX_ROUNDS) {
-        fprintf(stderr, "%s\n", usage);
+    if (o->bin == NULL || o->nclients < 1 || o->nclients > 4096 || o->secs <= 0 ||
+        o->rounds < 1 || o->rounds > SOAK_MAX_ROUNDS) {
+        fprintf(stderr, "%s\n", soak_usage_text);
         return 2;
     }
+    return 0;
+}
+
+/* Prints the outcome (and writes the JSON); true when it met the aim. */
+static bool report(const soak_opts *o, const shared *s, const soak_usage *u)
+{
+    long rss1 = u->rss[o->rounds - 1], fds1 = u->fds[o->rounds - 1];
+    uint64_t total = s->gets + s->warmups + s->stats;
+    bool ok = s->failed == 0 && fds1 <= u->fds0 && rss1 - u->rss0 <= SOAK_RSS_KB;
+    printf("soak: %d clients for %.0f s: %llu requests (%llu gets, %llu warmups, %llu stats), "
+           "%llu failed (with the first pass)\n", o->nclients, o->secs * o->rounds,
+           (unsigned long long)total, (unsigned long long)s->gets,
+           (unsigned long long)s->warmups, (unsigned long long)s->stats,
+           (unsigned long long)s->failed);
+    if (o->hostile)
+        printf("beside them: %llu warmups of about 5,000 new keys, %llu evicts, "
+               "%llu hostile connections\n", (unsigned long long)s->big_warmups,
+               (unsigned long long)s->evicts, (unsigned long long)s->hostile_conns);
+    printf("kwarmd at start: %ld KiB anonymous resident, %ld fds; after the first "
+           "%.0f s: %ld KiB, %ld fds;\nafter the run: %ld KiB, %ld fds (aim: growth of at most "
+           "%d KiB and no descriptor above the first pass): %s\n",
+           u->rss_start, u->fds_start, SOAK_WARM_S, u->rss0, u->fds0, rss1, fds1,
+           SOAK_RSS_KB, ok ? "ok" : "FAILED");
+    for (int r = 0; o->rounds > 1 && r < o->rounds; r++)
+        printf("round %d (%.0f s): %ld KiB, %ld fds\n", r + 1, o->secs, u->rss[r], u->fds[r]);
+    FILE *f = o->json ? fopen(o->json, "w") : NULL;
+    if (f) {
+        fprintf(f, "{\"clients\": %d, \"seconds\": %.0f, \"rounds\": %d, \"requests\": %llu, "
+                "\"failed\": %llu, \"rss_anon_kb\": [%ld, %ld, %ld], \"fds\": [%ld, %ld, %ld], "
+                "\"round_rss_anon_kb\": [", o->nclients, o->secs, o->rounds,
+                (unsigned long long)total, (unsigned long long)s->failed, u->rss_start,
+                u->rss0, rss1, u->fds_start, u->fds0, fds1);
+        for (int r = 0; r < o->rounds; r++)
+            fprintf(f, "%s%ld", r ? ", " : "", u->rss[r]);
+        fprintf(f, "]}\n");
+        fclose(f);
+    }
+    return ok;
+}
+
+/* The first pass, then the rounds, reading kwarmd's usage between. */
+static void soak(const soak_opts *o, shared *s, kw_client *c, pid_t pid, soak_usage *u)
+{
+    proc_usage(pid, &u->rss_start, &u->fds_start);
+    s->world = 400;
+    run_mix(s, c, o->nclients, SOAK_WARM_S, o->hostile);
+    nanosleep(&(struct timespec){5, 0}, NULL); /* 2 ticks of the idle trim */
+    proc_usage(pid, &u->rss0, &u->fds0);
+    /* count the run alone, but failures of both passes */
+    s->gets = s->warmups = s->stats = s->big_warmups = s->evicts = s->hostile_conns = 0;
+    for (int r = 0; r < o->rounds; r++) {
+        run_mix(s, c, o->nclients, o->secs, o->hostile);
+        settle(pid, u->rss0, u->fds0, &u->rss[r], &u->fds[r]);
+        if (o->rounds > 1)
+            fprintf(stderr, "soak: round %d of %d: %ld KiB anonymous resident, "
+                    "%ld fds\n", r + 1, o->rounds, u->rss[r], u->fds[r]);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    if (bench_help(argc, argv, soak_usage_text))
+        return 0;
+    soak_opts o = {.nclients = 200, .rounds = 1, .secs = 120};
+    int rc = parse(&o, argc, argv);
+    if (rc != 0)
+        return rc;
+    if (o.hostile) /* the 5,000-key warmups cost kwarmd's work, not NVRTC's */
+        setenv("KWARM_TEST_INSTANT_COMPILE", "1", 1);
     bench_tmp tmp;
     shared s = {.sock = tmp.sock, .config = bench_slurp(MODEL)};
     kw_client *c = NULL;
@@ -252,59 +329,16 @@ int main(int argc, char **argv)
     }
     if (bench_tmp_make(&tmp, "soak") < 0)
         return 1;
-    pid_t pid = bench_start_kwarmd(bin, tmp.sock, tmp.cache, "2", loops, &c);
+    pid_t pid = bench_start_kwarmd(o.bin, tmp.sock, tmp.cache, "2", o.loops, &c);
     if (pid < 0 || kw_client_warmup(c, s.config, "{\"dcp_world\": 2}", "soak.json",
                                     NULL, NULL, &res) < 0 || manifest(&s, res) < 0) {
         fprintf(stderr, "soak: set-up failed\n");
         return 1;
     }
     free(res);
-    long rss_start, fds_start, rss0, fds0, rss1, fds1;
-    proc_usage(pid, &rss_start, &fds_start);
-    s.world = 400;
-    run_mix(&s, c, nclients, SOAK_WARM_S, hostile);
-    nanosleep(&(struct timespec){5, 0}, NULL); /* 2 ticks of the idle trim */
-    proc_usage(pid, &rss0, &fds0);
-    /* count the run alone, but failures of both passes */
-    s.gets = s.warmups = s.stats = s.big_warmups = s.evicts = s.hostile_conns = 0;
-    long rss[SOAK_MAX_ROUNDS], fds[SOAK_MAX_ROUNDS];
-    for (int r = 0; r < rounds; r++) {
-        run_mix(&s, c, nclients, secs, hostile);
-        settle(pid, rss0, fds0, &rss[r], &fds[r]);
-        if (rounds > 1)
-            fprintf(stderr, "soak: round %d of %d: %ld KiB anonymous resident, "
-                    "%ld fds\n", r + 1, rounds, rss[r], fds[r]);
-    }
-    rss1 = rss[rounds - 1], fds1 = fds[rounds - 1];
-    uint64_t total = s.gets + s.warmups + s.stats;
-    bool ok = s.failed == 0 && fds1 <= fds0 && rss1 - rss0 <= SOAK_RSS_KB;
-    printf("soak: %d clients for %.0f s: %llu requests (%llu gets, %llu warmups, %llu stats), "
-           "%llu failed (with the first pass)\n", nclients, secs * rounds,
-           (unsigned long long)total,
-           (unsigned long long)s.gets, (unsigned long long)s.warmups,
-           (unsigned long long)s.stats, (unsigned long long)s.failed);
-    if (hostile)
-        printf("beside them: %llu warmups of about 5,000 new keys, %llu evicts, "
-               "%llu hostile connections\n", (unsigned long long)s.big_warmups,
-               (unsigned long long)s.evicts, (unsigned long long)s.hostile_conns);
-    printf("kwarmd at start: %ld KiB anonymous resident, %ld fds; after the first "
-           "%.0f s: %ld KiB, %ld fds;\nafter the run: %ld KiB, %ld fds (aim: growth of at most "
-           "%d KiB and no descriptor above the first pass): %s\n",
-           rss_start, fds_start, SOAK_WARM_S, rss0, fds0, rss1, fds1, SOAK_RSS_KB,
-           ok ? "ok" : "FAILED");
-    for (int r = 0; rounds > 1 && r < rounds; r++)
-        printf("round %d (%.0f s): %ld KiB, %ld fds\n", r + 1, secs, rss[r], fds[r]);
-    FILE *f = json ? fopen(json, "w") : NULL;
-    if (f) {
-        fprintf(f, "{\"clients\": %d, \"seconds\": %.0f, \"rounds\": %d, \"requests\": %llu, "
-                "\"failed\": %llu, \"rss_anon_kb\": [%ld, %ld, %ld], \"fds\": [%ld, %ld, %ld], "
-                "\"round_rss_anon_kb\": [", nclients, secs, rounds, (unsigned long long)total,
-                (unsigned long long)s.failed, rss_start, rss0, rss1, fds_start, fds0, fds1);
-        for (int r = 0; r < rounds; r++)
-            fprintf(f, "%s%ld", r ? ", " : "", rss[r]);
-        fprintf(f, "]}\n");
-        fclose(f);
-    }
+    soak_usage u;
+    soak(&o, &s, c, pid, &u);
+    bool ok = report(&o, &s, &u);
     kw_client_close(c);
     kill(pid, SIGTERM);
     int st = 0;
