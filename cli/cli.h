@@ -83,8 +83,14 @@ int kw__cli_compile_all(const kw_keys_key *keys, size_t n, unsigned jobs,
                         kw_jit_result *res, int *rc, const char *label,
                         kw__cli_done_fn done_fn, void *arg);
 
-/* Reads the value of --jobs at argv[*i] into *jobs (1..KW_CLI_MAX_JOBS).
- * Prints the error and returns -1 when it is missing or bad. */
+/* Reads the value of the flag at argv[*i] (its name, before any '=', names
+ * it in errors) into *out: an integer in [1, max], described as `what` ("an
+ * integer", "a number of seconds").  Prints the error and returns -1 when
+ * it is missing or bad. */
+int kw__cli_count(const char *cmd, int argc, char **argv, int *i,
+                  const char *what, unsigned max, unsigned *out);
+
+/* kw__cli_count() for --jobs: 1..KW_CLI_MAX_JOBS. */
 int kw__cli_jobs(const char *cmd, int argc, char **argv, int *i, unsigned *jobs);
 
 /* The online processors, capped at KW_CLI_MAX_JOBS: the --jobs default. */

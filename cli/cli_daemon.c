@@ -547,23 +547,6 @@ static int warmup_run(warm_opts *o, const char *config, const char *dep)
     return rc;
 }
 
-/* Reads --wait-timeout's value at argv[*i + 1]; 0, or -1 after printing
- * the error. */
-static int wait_arg(int argc, char **argv, int *i, unsigned *s)
-{
-    const char *v = kw__cli_value("warmup", argc, argv, i);
-    uint64_t x;
-    if (v == NULL)
-        return -1;
-    if (kw_parse_u64(v, CLI_WAIT_MAX_S, &x) < 0 || x == 0) {
-        kw__cli_err("warmup", "--wait-timeout: '%.32s' is not a number of "
-                    "seconds in [1, %d]", v, CLI_WAIT_MAX_S);
-        return -1;
-    }
-    *s = (unsigned)x;
-    return 0;
-}
-
 /* Parses warmup's arguments; returns -1 to go on, else an exit code. */
 static int warmup_parse(warm_opts *o, int argc, char **argv)
 {
@@ -583,7 +566,8 @@ static int warmup_parse(warm_opts *o, int argc, char **argv)
             if ((o->pin = kw__cli_value("warmup", argc, argv, &i)) == NULL)
                 return KW_CLI_USAGE;
         } else if (kw__cli_is(argv[i], "--wait-timeout")) {
-            if (wait_arg(argc, argv, &i, &o->wait_s) < 0)
+            if (kw__cli_count("warmup", argc, argv, &i, "a number of seconds",
+                              CLI_WAIT_MAX_S, &o->wait_s) < 0)
                 return KW_CLI_USAGE;
         }
         else if (is_help(argv[i]))

@@ -150,17 +150,24 @@ int kw__cli_derive(kw__cli_model *a, const char *cmd, kw_keys_set *set)
     return KW_CLI_OK;
 }
 
-int kw__cli_jobs(const char *cmd, int argc, char **argv, int *i, unsigned *jobs)
+int kw__cli_count(const char *cmd, int argc, char **argv, int *i,
+                  const char *what, unsigned max, unsigned *out)
 {
-    const char *v = kw__cli_value(cmd, argc, argv, i);
+    const char *flag = argv[*i], *v = kw__cli_value(cmd, argc, argv, i);
     uint64_t x;
     if (v == NULL)
         return -1;
-    if (kw_parse_u64(v, KW_CLI_MAX_JOBS, &x) < 0 || x == 0) {
-        kw__cli_err(cmd, "--jobs: '%.32s' is not an integer in [1, %d]", v,
-                    KW_CLI_MAX_JOBS);
+    if (kw_parse_u64(v, max, &x) < 0 || x == 0) {
+        size_t n = strcspn(flag, "=");
+        kw__cli_err(cmd, "%.*s: '%.32s' is not %s in [1, %u]", (int)n, flag, v,
+                    what, max);
         return -1;
     }
-    *jobs = (unsigned)x;
+    *out = (unsigned)x;
     return 0;
+}
+
+int kw__cli_jobs(const char *cmd, int argc, char **argv, int *i, unsigned *jobs)
+{
+    return kw__cli_count(cmd, argc, argv, i, "an integer", KW_CLI_MAX_JOBS, jobs);
 }
