@@ -300,54 +300,8 @@ static void count_beats(const char *json, void *arg)
     cJSON_Delete(p);
 }
 
-/* One key's compile hangs until --compile-timeout (6 s) kills it, while
- * the client bounds each wait at 4 s: only the heartbeats, every 2 to
- * 2.5 s, keep its waits short.  Their counts never go back. */
-Test(daemon_warm, heartbeats_keep_a_client_with_a_per_wait_timeout_through_a_long_compile)
-{
-    instant();
-    cr_assert_eq(setenv("KWARM_TEST_HANG_FAMILY", "dcp_stable_topk", 1), 0);
-    kwd d;
-    kwc c;
-    kwd_up(&d, "kwd-beat", 2, (const char *const[]){"--compile-timeout", "6", NULL},
-           &c);
-    kw_client *cl = NULL;
-    cr_assert_eq(kw_client_connect(&cl, d.sock, 4000, NULL, 0), 0);
-    char *cfg = fixture_text(V32), *out = NULL;
-    beats b = {.last_ms = kwd_now_ms()};
-    int64_t t0 = kwd_now_ms();
-    int rc = kw_client_warmup(cl, cfg, "{\"dcp_world\": 2}", V32, count_beats, &b,
-                              &out);
-    cr_assert_eq(rc, 0, "warmup: %s", kw_client_last_error(cl));
-    cJSON *doc = cJSON_Parse(out);
-    cr_expect_eq(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(doc, "failed")),
-                 1, "the hung key: %s", out);
-    cr_expect_geq(kwd_now_ms() - t0, 6000, "the compile was not held 6 s");
-    cr_expect_geq(b.empty, 2, "%zu heartbeats in %zu frames", b.empty, b.frames);
-    cr_expect_lt(b.max_gap_ms, 4000);
-    cr_expect_not(b.went_back, "\"done\" went back");
-    cr_expect_not(b.bad, "a progress frame without a results array");
-    cr_expect_eq(b.total, kwd_count_keys(V32, 2));
-    cJSON_Delete(doc);
-    free(out);
-    free(cfg);
-    kw_client_close(cl);
-    /* kwarm warmup, waiting at most 4 s a frame: the hung key fails (exit
-     * 1), but the wait never gives up. */
-    char path[512], *err = NULL;
-    snprintf(path, sizeof path, "%s/%s", KW_FIXTURES, V32);
-    const char *argv[] = {KW_KWARM_BIN, "warmup", "--model", path, "--dcp-world",
-                          "2", "--socket", d.sock, "--wait-timeout", "4", NULL};
-    out = NULL;
-    cr_expect_eq(kw_test_run(argv, &out, &err), 1, "%s", err);
-    cr_expect(strstr(err, "dcp_stable_topk") != NULL, "%s", err);
-    cr_expect(strstr(err, "looks stuck") == NULL, "%s", err);
-    free(out);
-    free(err);
-    kwd_down(&d, &c);
-}
-
-/* One client of many: its warmup through kw_client, 4 s per wait. */
+/* One client: its warmup through kw_client, 4 s per wait (may run on a
+ * thread of the test: it records, the test asserts). */
 typedef struct beat_client {
     const char *sock, *cfg;
     int rc;
@@ -376,18 +330,68 @@ static void *beat_main(void *arg)
     return NULL;
 }
 
+/* kwarmd (d, c) whose dcp_stable_topk compiles hang until a 6 s compile
+ * timeout kills them; the other keys compile at once. */
+static void hung_daemon(kwd *d, kwc *c, const char *tag)
+{
+    instant();
+    cr_assert_eq(setenv("KWARM_TEST_HANG_FAMILY", "dcp_stable_topk", 1), 0);
+    kwd_up(d, tag, 2, (const char *const[]){"--compile-timeout", "6", NULL}, c);
+}
+
+/* What client i of a hung daemon must have seen: its result with the hung
+ * key failed, at least 2 heartbeats, no wait of 4 s, counts that never go
+ * back, the deployment's key count. */
+static void expect_beats(const beat_client *w, int i, double keys)
+{
+    cr_expect_eq(w->rc, 0, "client %d: %s", i, w->err);
+    cr_expect_eq(w->failed, 1, "client %d: the hung key", i);
+    cr_expect_geq(w->b.empty, 2, "client %d: %zu heartbeats in %zu frames", i,
+                  w->b.empty, w->b.frames);
+    cr_expect_lt(w->b.max_gap_ms, 4000, "client %d", i);
+    cr_expect_not(w->b.went_back, "client %d: \"done\" went back", i);
+    cr_expect_not(w->b.bad, "client %d: a frame without a results array", i);
+    cr_expect_eq(w->b.total, keys, "client %d", i);
+}
+
+/* One key's compile hangs until --compile-timeout (6 s) kills it, while
+ * the client bounds each wait at 4 s: only the heartbeats, every 2 to
+ * 2.5 s, keep its waits short.  Their counts never go back. */
+Test(daemon_warm, heartbeats_keep_a_client_with_a_per_wait_timeout_through_a_long_compile)
+{
+    kwd d;
+    kwc c;
+    hung_daemon(&d, &c, "kwd-beat");
+    char *cfg = fixture_text(V32);
+    beat_client w = {.sock = d.sock, .cfg = cfg};
+    int64_t t0 = kwd_now_ms();
+    beat_main(&w);
+    cr_expect_geq(kwd_now_ms() - t0, 6000, "the compile was not held 6 s");
+    expect_beats(&w, 0, kwd_count_keys(V32, 2));
+    free(cfg);
+    /* kwarm warmup, waiting at most 4 s a frame: the hung key fails (exit
+     * 1), but the wait never gives up. */
+    char path[512], *out = NULL, *err = NULL;
+    snprintf(path, sizeof path, "%s/%s", KW_FIXTURES, V32);
+    const char *argv[] = {KW_KWARM_BIN, "warmup", "--model", path, "--dcp-world",
+                          "2", "--socket", d.sock, "--wait-timeout", "4", NULL};
+    cr_expect_eq(kw_test_run(argv, &out, &err), 1, "%s", err);
+    cr_expect(strstr(err, "dcp_stable_topk") != NULL, "%s", err);
+    cr_expect(strstr(err, "looks stuck") == NULL, "%s", err);
+    free(out);
+    free(err);
+    kwd_down(&d, &c);
+}
+
 /* 100 clients on 3 serving loops wait on the same hung compile (one
  * compile for all: single flight), each bounding its waits at 4 s: every
  * one gets its heartbeats and its result. */
 #define NBEAT 100
 Test(daemon_warm, heartbeats_reach_100_clients_waiting_on_one_hung_compile)
 {
-    instant();
-    cr_assert_eq(setenv("KWARM_TEST_HANG_FAMILY", "dcp_stable_topk", 1), 0);
     kwd d;
     kwc c;
-    kwd_up(&d, "kwd-beats", 2, (const char *const[]){"--compile-timeout", "6", NULL},
-           &c);
+    hung_daemon(&d, &c, "kwd-beats");
     char *cfg = fixture_text(V32);
     beat_client *w = calloc(NBEAT, sizeof *w);
     pthread_t th[NBEAT];
@@ -400,14 +404,8 @@ Test(daemon_warm, heartbeats_reach_100_clients_waiting_on_one_hung_compile)
     for (int i = 0; i < NBEAT; i++)
         pthread_join(th[i], NULL);
     double keys = kwd_count_keys(V32, 2);
-    for (int i = 0; i < NBEAT; i++) {
-        cr_expect_eq(w[i].rc, 0, "client %d: %s", i, w[i].err);
-        cr_expect_eq(w[i].failed, 1, "client %d: the hung key", i);
-        cr_expect_geq(w[i].b.empty, 2, "client %d: %zu heartbeats", i, w[i].b.empty);
-        cr_expect_lt(w[i].b.max_gap_ms, 4000, "client %d", i);
-        cr_expect(!w[i].b.went_back && !w[i].b.bad, "client %d", i);
-        cr_expect_eq(w[i].b.total, keys, "client %d", i);
-    }
+    for (int i = 0; i < NBEAT; i++)
+        expect_beats(&w[i], i, keys);
     cr_expect_eq(kwc_stat(&c, "compiles_started"), keys, "one compile a key");
     free(w);
     free(cfg);
