@@ -18,15 +18,13 @@
  */
 #include "internal.h"
 
-#include "kw_err.h"
-#include "log.h"
-
 /* How often the loop looks: a heartbeat goes out between KW__HEARTBEAT_MS
  * and KW__HEARTBEAT_MS + KW__HEARTBEAT_TICK_MS after the last frame. */
 #define KW__HEARTBEAT_TICK_MS (KW__HEARTBEAT_MS / 4)
 
 /* Sends r's heartbeat on c; out of memory, it is skipped (the next tick
- * tries again). */
+ * tries again), not answered with an error frame as kw__conn_send() would:
+ * that would end the client's warmup. */
 static void beat(kw__conn *c, kw__req *r)
 {
     cJSON *h = cJSON_CreateObject();
