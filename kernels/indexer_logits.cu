@@ -694,6 +694,10 @@ __global__ void __launch_bounds__(il_threads(H, D, PAGED),
     typedef il_loop<H, D, PAGED, PR, NEXT_N> L;
     constexpr int HP = L::HP, QB = L::QB, NQ = L::NQ, QW = L::QW;
     static_assert(D % 32 == 0 && L::NW <= 256, "key outside the family");
+    /* The stage barriers count on every warpgroup: with fewer threads
+     * than kw_k_block_threads() the block would wait forever. */
+    if (blockDim.x != L::NT)
+        __trap();
     extern __shared__ __align__(128) kw_u8 il_smem[];
     __shared__ int lo[QB], hi[QB];
     L lp(il_smem);

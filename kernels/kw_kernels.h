@@ -185,7 +185,9 @@ int kw_k_name_expr(kw_k_family f, const int64_t *fields, char *buf,
 /* True when field i of f is a boolean (printed true/false, JSON bool). */
 bool kw_k_field_is_bool(kw_k_family f, size_t i);
 
-/* Threads per block of the key's kernel; 0 when fields fail the check. */
+/* Threads per block of the key's kernel; 0 when fields fail the check.
+ * An indexer_logits kernel launched with another block size traps (the
+ * launch fails) rather than wait forever on its stage barriers. */
 unsigned kw_k_block_threads(kw_k_family f, const int64_t *fields);
 
 /* Bytes of dynamic shared memory a launch of the key's kernel takes (the

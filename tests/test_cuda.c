@@ -11,6 +11,7 @@
 #include "cuda_dev.h" /* kw_cuda, kw_cuda_dev_ops */
 #include "kw_err.h"
 #include "kw_jit.h"
+#include "kw_keys.h"
 
 /* Opens kw_cuda with KW_LIBCUDA set to lib and expects KW_ENODRIVER with a
  * message that mentions "libcuda" and want; *out must stay untouched. */
@@ -230,6 +231,67 @@ Test(cuda, gpu_trapping_kernel_is_reported_by_sync)
     if (rc == 0)
         rc = kw_cuda_sync(c);
     cr_assert_eq(rc, KW_ECUDA);
+    cr_assert_not_null(strstr(kw_cuda_last_error(c), "CUDA_ERROR"), "%s",
+                       kw_cuda_last_error(c));
+    /* the context is now unusable; the process ends with the test */
+    kw_cuda_unload(fn);
+    kw_cuda_close(c);
+}
+
+/* Device buffers of one prefill indexer_logits launch: T queries whose
+ * windows are all N rows of zero bytes; slots follow the kernel's
+ * parameters (q, w, k, k_scale, ks, ke, -, -, -, logits). */
+static void logits_buffers(kw_cuda *c, uint64_t *d, int t, int n)
+{
+    const size_t bytes[] = {(size_t)t * 64 * 128, (size_t)t * 64 * 4,
+                            (size_t)n * 128, (size_t)n * 4, (size_t)t * 4,
+                            (size_t)t * 4, (size_t)t * n * 4};
+    const int slot[] = {0, 1, 2, 3, 4, 5, 9};
+    for (int i = 0; i < 7; i++) {
+        cr_assert_eq(kw_cuda_alloc(c, bytes[i], &d[slot[i]]), 0);
+        cr_assert_eq(kw_cuda_memset(c, d[slot[i]], 0, bytes[i]), 0);
+    }
+    int ke[64];
+    for (int i = 0; i < t; i++)
+        ke[i] = n;
+    cr_assert_eq(kw_cuda_h2d(c, d[5], ke, (size_t)t * 4), 0);
+}
+
+/* DeepSeek-V3.2's prefill logits key (64 heads of 128) launched with half
+ * the threads kw_k_block_threads() gives: its stage barriers count on
+ * every warpgroup, so without the kernel's own check it would wait
+ * forever (the timeout fails the test); with it the launch fails. */
+Test(cuda, gpu_indexer_logits_short_of_threads_fails_not_hangs,
+     .timeout = 60)
+{
+    kw_cuda *c = open_gpu();
+    kw_keys_key k = {.family = KW_K_INDEXER_LOGITS,
+                     .fields = {64, 128, 0, 0, 1}};
+    device_arch(c, k.arch, sizeof(k.arch));
+    kw_jit_result r;
+    cr_assert_eq(kw_keys_compile(&k, false, &r), 0, "%s", r.log ? r.log : "");
+    kw_cuda_fn *fn = NULL;
+    cr_assert_eq(kw_cuda_load(c, r.cubin, r.cubin_len, r.lowered_name, &fn),
+                 0, "%s", kw_cuda_last_error(c));
+    kw_jit_result_destroy(&r);
+    enum { T = 8, N = 4096 };
+    uint64_t d[10] = {0};
+    logits_buffers(c, d, T, N);
+    int t = T, n = N, stride = N;
+    void *args[] = {&d[0], &d[1], &d[2], &d[3], &d[4],
+                    &d[5], &t,    &n,    &stride, &d[9]};
+    unsigned threads = kw_k_block_threads(k.family, k.fields);
+    unsigned grid[3] = {1, 1, 1}, block[3] = {threads, 1, 1};
+    unsigned shmem = kw_k_shmem_bytes(k.family, k.fields);
+    /* the right size runs (so the failure below is the size's) */
+    cr_assert_eq(kw_cuda_launch(fn, grid, block, shmem, args), 0);
+    cr_assert_eq(kw_cuda_sync(c), 0, "%s", kw_cuda_last_error(c));
+    block[0] = threads / 2;
+    int rc = kw_cuda_launch(fn, grid, block, shmem, args);
+    if (rc == 0)
+        rc = kw_cuda_sync(c);
+    cr_assert_eq(rc, KW_ECUDA, "%u threads of %u: rc %d", threads / 2,
+                 threads, rc);
     cr_assert_not_null(strstr(kw_cuda_last_error(c), "CUDA_ERROR"), "%s",
                        kw_cuda_last_error(c));
     /* the context is now unusable; the process ends with the test */
