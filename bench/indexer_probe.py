@@ -72,6 +72,17 @@ LOGITS_CUTS = {
         ("            il_epilogue<HP, QB>(acc, m.ws, bk, lq, tile(j),\n"
          "                                m.scs + (j % S) * IL_ROWS, out);",
          "            if (acc[0] == 123.0f) out[0] = acc[1];")],
+    # the epilogue's fp32 work halved (relu and weighted sum over half the
+    # columns) or kept without its quad sums and stores: how its cost
+    # scales (docs/perf.md)
+    "halfepi": [
+        ("            il_partial<HP>(v, acc, m.ws, 0, NW / 8);\n"
+         "            lq.write(v, bk, tile(j)",
+         "            il_partial<HP>(v, acc, m.ws, 0, NW / 16);\n"
+         "            lq.write(v, bk, tile(j)")],
+    "nowrite": [
+        ("            lq.write(v, bk, tile(j) * IL_ROWS + il_row16(), sc0, sc1, out);",
+         "            if (v[0] == 123.0f) out[0] = v[1] + v[2] + v[3] + sc0 + sc1;")],
     "nomma": [
         ("            il_wgmma<NH>::run(acc, il_desc(ka + kk * 256, 8 * D),\n"
          "                              il_desc(qa + kk * 256, 8 * D), kk > 0);",
