@@ -50,6 +50,8 @@
     XX(func_set_attribute, "cuFuncSetAttribute",                             \
        PFN_cuFuncSetAttribute_v9000)                                         \
     XX(launch_kernel, "cuLaunchKernel", PFN_cuLaunchKernel_v4000)            \
+    XX(stream_is_capturing, "cuStreamIsCapturing",                           \
+       PFN_cuStreamIsCapturing_v10000)                                       \
     XX(mem_alloc, "cuMemAlloc_v2", PFN_cuMemAlloc_v3020)                     \
     XX(mem_free, "cuMemFree_v2", PFN_cuMemFree_v3020)                        \
     XX(memcpy_htod, "cuMemcpyHtoD_v2", PFN_cuMemcpyHtoD_v3020)               \
@@ -83,6 +85,7 @@ struct kw_cuda_fn {
     kw_cuda *c; /* borrowed: the handle the module was loaded into */
     CUmodule mod;
     CUfunction fn;
+    _Atomic unsigned shmem_max; /* dynamic shared memory opted in so far */
 };
 
 struct kw_cuda_timer {
@@ -374,22 +377,44 @@ void kw_cuda_unload(kw_cuda_fn *f)
 int kw_cuda_launch(kw_cuda_fn *f, const unsigned grid[3],
                    const unsigned block[3], unsigned shmem, void **args)
 {
+    return kw_cuda_launch_on(f, grid, block, shmem, args, 0);
+}
+
+int kw_cuda_launch_on(kw_cuda_fn *f, const unsigned grid[3],
+                      const unsigned block[3], unsigned shmem, void **args,
+                      uintptr_t stream)
+{
     if (!f || !grid || !block)
         return KW_EINVAL;
     kw_cuda *c = f->c;
     int rc;
-    if (shmem > STATIC_SMEM_LIMIT) {
+    /* The opt-in is a driver call: made once per size, not per launch. */
+    if (shmem > STATIC_SMEM_LIMIT && shmem > f->shmem_max) {
         CUfunction_attribute attr =
             CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
         rc = check(c, c->api.func_set_attribute(f->fn, attr, (int)shmem),
                    "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
         if (rc < 0)
             return rc;
+        f->shmem_max = shmem;
     }
     return check(c, c->api.launch_kernel(f->fn, grid[0], grid[1], grid[2],
                                          block[0], block[1], block[2], shmem,
-                                         NULL, args, NULL),
+                                         (CUstream)stream, args, NULL),
                  "cuLaunchKernel");
+}
+
+int kw_cuda_stream_capturing(kw_cuda *c, uintptr_t stream, bool *out)
+{
+    if (!c || !out)
+        return KW_EINVAL;
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    int rc = check(c, c->api.stream_is_capturing((CUstream)stream, &st),
+                   "cuStreamIsCapturing");
+    /* A legacy-stream query while another stream captures fails with
+     * CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: that too is "capturing". */
+    *out = rc < 0 || st != CU_STREAM_CAPTURE_STATUS_NONE;
+    return 0;
 }
 
 int kw_cuda_alloc(kw_cuda *c, size_t n, uint64_t *dptr)

@@ -19,6 +19,7 @@
 #ifndef KW_CUDA_H
 #define KW_CUDA_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -77,6 +78,18 @@ void kw_cuda_unload(kw_cuda_fn *f);
  * for a NULL f, grid or block). */
 int kw_cuda_launch(kw_cuda_fn *f, const unsigned grid[3],
                    const unsigned block[3], unsigned shmem, void **args);
+
+/* As kw_cuda_launch(), on stream (a CUstream; 0 is the legacy default
+ * stream).  The shared-memory opt-in is made once per function and
+ * size, so a launch costs one driver call. */
+int kw_cuda_launch_on(kw_cuda_fn *f, const unsigned grid[3],
+                      const unsigned block[3], unsigned shmem, void **args,
+                      uintptr_t stream);
+
+/* Whether stream is capturing a CUDA graph (*out).  A query the driver
+ * refuses because another stream captures counts as capturing: nothing
+ * may be loaded then either.  0, or KW_EINVAL for a NULL argument. */
+int kw_cuda_stream_capturing(kw_cuda *c, uintptr_t stream, bool *out);
 
 /* Device memory: n bytes at *dptr.  0 or KW_ECUDA (n == 0: KW_EINVAL). */
 int kw_cuda_alloc(kw_cuda *c, size_t n, uint64_t *dptr);

@@ -28,7 +28,8 @@
     XX(EROFS, -1018, "not cached (read-only cache)")                       \
     XX(EAMBIGUOUS, -1019, "ambiguous digest prefix")                       \
     XX(EVERSION, -1020, "protocol version mismatch")                       \
-    XX(EPINNED, -1021, "pinned entries not removed")
+    XX(EPINNED, -1021, "pinned entries not removed")                      \
+    XX(ECAPTURE, -1022, "kernel not loaded while its stream captures a CUDA graph")
 
 #ifdef __cplusplus
 extern "C" {
