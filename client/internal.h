@@ -47,4 +47,60 @@ kw__client_broken(kw_client *c, int rc, const char *fmt, ...);
 int kw__client_request(kw_client *c, uint16_t type, const cJSON *hdr,
                        uint16_t want, stream *st, kw_msg *reply);
 
+/* ---- kw_ops (ops.c, ops_load.c) -------------------------------------- */
+
+#include <pthread.h>
+
+#include "kw_ops.h"
+
+/* One loaded key: its family and fields (the table's key), its kernel. */
+typedef struct kw__ops_entry {
+    int fam; /* -1: an empty slot */
+    int64_t fields[KW_LAUNCH_MAX_FIELDS];
+    kw_cuda_fn *fn;    /* NULL with a stand-in device */
+    size_t cubin_len;  /* bytes fetched */
+    char digest[65];
+} kw__ops_entry;
+
+struct kw_ops {
+    kw_client *client;     /* owned; used only by loads and misses */
+    kw_cuda *cuda;         /* borrowed; NULL with a stand-in device */
+    kw_ops_device device;  /* the stand-in, when cuda is NULL */
+    kw_launch_deploy deploy;
+    char arch[16];
+    unsigned sm_count;
+    kw_ops_log_fn log;
+    void *log_ctx;
+    /* lock guards table, cap, count, stats and err; miss_lock serialises
+     * misses (a fetch can take a compile's time: lookups go on meanwhile,
+     * under lock alone). */
+    pthread_mutex_t lock, miss_lock;
+    kw__ops_entry *table; /* open addressing, cap a power of two */
+    size_t cap, count;
+    /* Counters (kw_ops_stats), atomic: the launch path takes no lock for
+     * them. */
+    _Atomic uint64_t loaded, runtime_misses, capture_misses, launches;
+    double load_ms;
+    char err[1024];
+};
+
+/* Finds (fam, fields) in o's table: the entry, or NULL.  Caller holds
+ * o->lock. */
+kw__ops_entry *kw__ops_find_locked(kw_ops *o, int fam, const int64_t *fields);
+
+/* Adds a copy of e (growing the table as needed).  KW_ENOMEM.  Caller
+ * holds o->lock. */
+int kw__ops_insert_locked(kw_ops *o, const kw__ops_entry *e);
+
+/* Fetches (fam, fields) from kwarmd (compiling it unless compile is
+ * false) and loads it into e.  0 or a client / CUDA code, with the reason
+ * in err. */
+int kw__ops_fetch(kw_ops *o, int fam, const int64_t *fields, bool compile,
+                  kw__ops_entry *e, char *err, size_t errlen);
+
+/* Writes the key as JSON fields ({"topk": 2048, "windowed": true}) into
+ * buf.  0 or KW_ENOSPC. */
+int kw__ops_fields_json(int fam, const int64_t *fields, char *buf,
+                        size_t cap);
+
 #endif /* KW_CLIENT_INTERNAL_H */
