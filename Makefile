@@ -54,7 +54,7 @@ test: build build-asan
 	  cp -r client/python $$v/src && \
 	  $(PYTHON) -m venv --system-site-packages $$v/env && \
 	  $$v/env/bin/python -m pip install -q --no-build-isolation --no-index $$v/src && \
-	  KWARMD=$(abspath $(BUILD))/kwarmd $$v/env/bin/python -m unittest discover \
+	  KWARMD=$(abspath $(BUILD))/kwarmd KWARM_LIBRARY=$(abspath $(BUILD))/libkwarm.so $$v/env/bin/python -m unittest discover \
 	    -s tests/python -t tests/python -v; \
 	  s=$$?; rm -rf $$v; exit $$s
 	@if echo 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n);' \

@@ -356,10 +356,13 @@ class Compile(Base):
             both = torch.cat([packed, gathered[:, DEP.topk:]], dim=1)
             best = torch.ops.kwarm.dcp_stable_topk(both, r)
             out = torch.empty_like(best)
+            valid = torch.empty_like(req_id)
+            # DCP decode rows: count_valid is part of every DCP key
+            # (docs/spec/warmup-keys.md §4.3), so valid_count is given.
             torch.ops.kwarm.index_conversion_out(
                 req_id, block_table, best, None, None, r, 2, 0, 16, 0, out,
-                None, False, False)
-            return out
+                valid, False, False)
+            return out, valid
 
         inputs = (topk_args[0], topk_args[-1], stable[0], conv[0], conv[1])
         step(*inputs)
@@ -373,6 +376,7 @@ class Compile(Base):
         compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
         compiled(*inputs)
         self.assertEqual([(f, fl) for f, fl, _ in REC.launches], eager)
+        self.assertEqual(DEP.stats()["runtime_misses"], 0)
         del pack
 
     def test_opcheck(self):
