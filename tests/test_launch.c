@@ -9,6 +9,8 @@
  * serving process.  Then the launch geometry of every warmed key, and
  * one negative test per check of a call.
  */
+#include "kw_err.h"
+#include "kw_kernels.h"
 #include "kw_keys.h"
 #include "kw_launch.h"
 #include "kw_ops.h"
@@ -323,4 +325,301 @@ Test(launch, every_warmed_key_is_reached_and_every_reached_key_warmed)
     for (size_t i = 0; i < nf; i++)
         for (size_t j = 0; j < 3; j++)
             check_fixture(fixtures[i], &deployments[j]);
+}
+
+/* ---- geometry of every warmed key -------------------------------------- */
+
+/* A call for key (fam, f) of d with rows rows (and as much of everything
+ * else), whose sizes are in the key's classes. */
+static kw_launch_op op_of_key(int fam, const int64_t *f)
+{
+    if (fam == 5 && f[2])
+        return KW_LAUNCH_INDEXER_LOGITS_PAGED;
+    return (kw_launch_op)fam;
+}
+
+/* Checks the geometry of key (fam, f) at a few call sizes. */
+static void check_geometry(int fam, const int64_t *f)
+{
+    kw_launch_op op = op_of_key(fam, f);
+    unsigned threads = kw_k_block_threads((kw_k_family)fam, f);
+    unsigned qb = kw_launch_logits_queries(fam, f);
+    static const int64_t sizes[] = {0, 1, 17, 4096, 1000003};
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        int64_t n = sizes[i];
+        kw_launch_call c = {0};
+        for (int j = 0; j < KW_LAUNCH_MAX_ARGS; j++)
+            c.a[j] = n; /* every size n (pointers are not read) */
+        if (op == KW_LAUNCH_PREFILL_CHUNK_METADATA) {
+            c.a[KW_LAUNCH_PCM_SLICE_START] = 0;
+            c.a[KW_LAUNCH_PCM_TOTAL_K] = 0;
+        }
+        if (op == KW_LAUNCH_INDEXER_LOGITS_PAGED) {
+            c.a[KW_LAUNCH_PAGED_NUM_REQS] = n > 65535 ? 65535 : n;
+            c.a[KW_LAUNCH_PAGED_MAX_ROWS] = 65536;
+        }
+        kw_launch_geo g;
+        cr_assert_eq(kw_launch_geometry(op, f, &c, 132, &g), 0, "%s n=%lld",
+                     kw_launch_op_name(op), (long long)n);
+        cr_assert_eq(g.block[0], threads);
+        cr_assert_eq(g.block[1] * g.block[2], 1);
+        cr_assert_eq(g.shmem, kw_k_shmem_bytes((kw_k_family)fam, f));
+        uint64_t blocks = g.grid[0];
+        if (n == 0) {
+            cr_assert_eq(blocks, 0, "%s: an empty call launches nothing",
+                         kw_launch_op_name(op));
+            continue;
+        }
+        cr_assert_geq(blocks, 1, "%s n=%lld", kw_launch_op_name(op),
+                      (long long)n);
+        switch (op) {
+        case KW_LAUNCH_PREFILL_CHUNK_METADATA:
+        case KW_LAUNCH_COMPRESSED_SLOT_MAPPING:
+            /* Ranged: each block a contiguous range of 4-item tiles; at
+             * most 256 blocks unless each takes 16 tiles or more. */
+            cr_assert_leq(blocks, (uint64_t)(n + 4 * threads - 1) /
+                                      (4 * threads));
+            cr_assert(blocks <= 256 || blocks * 16 * 4 * threads >=
+                                           (uint64_t)n);
+            break;
+        case KW_LAUNCH_INDEX_CONVERSION: {
+            uint64_t per = f[11] <= 512 ? 4 * (uint64_t)f[4] : 1;
+            cr_assert_geq(blocks * per, (uint64_t)n);
+            cr_assert_lt((blocks - 1) * per, (uint64_t)n);
+            break;
+        }
+        case KW_LAUNCH_INDEXER_LOGITS:
+            cr_assert_eq(blocks, ((uint64_t)n + qb - 1) / qb);
+            break;
+        case KW_LAUNCH_INDEXER_LOGITS_PAGED:
+            cr_assert(blocks >= 1 && blocks <= 80, "split %llu",
+                      (unsigned long long)blocks);
+            cr_assert_eq(g.grid[1], (unsigned)c.a[KW_LAUNCH_PAGED_NUM_REQS]);
+            cr_assert_eq(g.grid[2], (unsigned)((f[4] + qb - 1) / qb));
+            break;
+        default: /* one block per row */
+            cr_assert_eq(blocks, (uint64_t)n);
+        }
+    }
+}
+
+Test(launch, every_warmed_key_has_the_kernels_block_shmem_and_a_grid_that_covers_the_call)
+{
+    size_t nf = sizeof(fixtures) / sizeof(fixtures[0]);
+    for (size_t i = 0; i < nf; i++)
+        for (size_t j = 0; j < 3; j++) {
+            char path[512];
+            snprintf(path, sizeof(path), "%s/expected/%s.%s.json",
+                     KW_FIXTURES, fixtures[i], deployments[j].name);
+            char *text = kw_test_read_file(path, NULL);
+            cJSON *doc = cJSON_Parse(text);
+            keyset *s = calloc(1, sizeof(*s));
+            doc_keys(doc, s);
+            for (size_t k = 0; k < s->n; k++)
+                check_geometry(s->fam[k], s->f[k]);
+            free(s);
+            cJSON_Delete(doc);
+            free(text);
+        }
+}
+
+Test(launch, a_grid_past_the_drivers_limits_is_refused)
+{
+    int64_t f[KW_LAUNCH_MAX_FIELDS] = {64, 128, 1, 64, 1};
+    kw_launch_call c = {0};
+    c.a[KW_LAUNCH_PAGED_NUM_REQS] = 65536; /* gridDim.y <= 65535 */
+    c.a[KW_LAUNCH_PAGED_MAX_ROWS] = 64;
+    kw_launch_geo g;
+    cr_assert_eq(kw_launch_geometry(KW_LAUNCH_INDEXER_LOGITS_PAGED, f, &c,
+                                    132, &g), KW_EINVAL);
+    c.a[KW_LAUNCH_PAGED_NUM_REQS] = 65535;
+    cr_assert_eq(kw_launch_geometry(KW_LAUNCH_INDEXER_LOGITS_PAGED, f, &c,
+                                    132, &g), 0);
+}
+
+/* ---- the checks of a call: one negative test per rule ----------------- */
+
+/* V3.2 at dcp_world 2, rank 1, from its keys document. */
+static kw_launch_deploy v32_dcp2(void)
+{
+    static const deployment dep = {"dcp2", {"--dcp-world", "2", NULL}};
+    cJSON *doc = keys_doc("deepseek-v3.2-exp", &dep, 1);
+    char *text = cJSON_PrintUnformatted(doc), err[256] = "";
+    kw_launch_deploy d;
+    cr_assert_eq(kw_ops_deploy_from_keys(text, &d, err, sizeof(err)), 0,
+                 "%s", err);
+    cJSON_free(text);
+    cJSON_Delete(doc);
+    return d;
+}
+
+/* Dispatch then check of c: the code, with err checked to name want. */
+static int run_checks(kw_launch_op op, const kw_launch_deploy *d,
+                      const kw_launch_call *c, const int64_t *fields,
+                      const char *want)
+{
+    int64_t f[KW_LAUNCH_MAX_FIELDS];
+    char err[256] = "";
+    int rc = kw_launch_dispatch(op, d, c, f, err, sizeof(err));
+    if (rc == 0)
+        rc = kw_launch_check(op, d, fields ? fields : f, c, err,
+                             sizeof(err));
+    if (want)
+        cr_assert(rc == KW_EINVAL && strstr(err, want),
+                  "%s: want KW_EINVAL naming '%s', got %d: %s",
+                  kw_launch_op_name(op), want, rc, err);
+    else
+        cr_assert_eq(rc, 0, "%s: %s", kw_launch_op_name(op), err);
+    return rc;
+}
+
+static kw_launch_call topk_call(void)
+{
+    return (kw_launch_call){.a = {PTR, PTR, PTR, 3, 100, PTR, 0}};
+}
+
+Test(launch, a_size_outside_int32_or_a_flag_not_0_or_1_is_refused)
+{
+    kw_launch_deploy d = v32_dcp2();
+    kw_launch_call c = topk_call();
+    run_checks(KW_LAUNCH_INDEXER_TOPK, &d, &c, NULL, NULL);
+    c.a[KW_LAUNCH_TOPK_NUM_ROWS] = -1;
+    run_checks(KW_LAUNCH_INDEXER_TOPK, &d, &c, NULL, "num_rows: -1");
+    c.a[KW_LAUNCH_TOPK_NUM_ROWS] = (int64_t)INT32_MAX + 1;
+    run_checks(KW_LAUNCH_INDEXER_TOPK, &d, &c, NULL, "num_rows");
+    c.a[KW_LAUNCH_TOPK_NUM_ROWS] = INT32_MAX;
+    cr_assert_eq(run_checks(KW_LAUNCH_INDEXER_TOPK, &d, &c, NULL, NULL), 0);
+    kw_launch_call ic = {0};
+    ic.a[KW_LAUNCH_IC_COMPACT_TO_FRONT] = 2;
+    run_checks(KW_LAUNCH_INDEX_CONVERSION, &d, &ic, NULL,
+               "compact_to_front: 2 is not 0 or 1");
+}
+
+Test(launch, a_null_pointer_where_elements_are_read_is_refused)
+{
+    kw_launch_deploy d = v32_dcp2();
+    kw_launch_call c = topk_call();
+    c.a[KW_LAUNCH_TOPK_TOPK_POS] = 0;
+    run_checks(KW_LAUNCH_INDEXER_TOPK, &d, &c, NULL, "topk_pos: a NULL");
+    c = topk_call();
+    c.a[KW_LAUNCH_TOPK_KE] = 0;
+    run_checks(KW_LAUNCH_INDEXER_TOPK, &d, &c, NULL, "ke: a NULL");
+    c.a[KW_LAUNCH_TOPK_NUM_ROWS] = 0; /* nothing read: NULLs are fine */
+    c.a[KW_LAUNCH_TOPK_TOPK_POS] = 0;
+    run_checks(KW_LAUNCH_INDEXER_TOPK, &d, &c, NULL, NULL);
+}
+
+Test(launch, windows_and_row_end_together_are_refused)
+{
+    kw_launch_deploy d = v32_dcp2();
+    kw_launch_call c = topk_call();
+    c.a[KW_LAUNCH_TOPK_ROW_END] = PTR;
+    run_checks(KW_LAUNCH_INDEXER_TOPK, &d, &c, NULL, "row_end: given");
+    /* A windowed key given row_end alone: the key against the call. */
+    int64_t win[2] = {2048, 1};
+    c = (kw_launch_call){.a = {PTR, 0, 0, 3, 100, PTR, PTR}};
+    run_checks(KW_LAUNCH_INDEXER_TOPK, &d, &c, win, "row_end: given");
+    c.a[KW_LAUNCH_TOPK_ROW_END] = 0;
+    run_checks(KW_LAUNCH_INDEXER_TOPK, &d, &c, win, "ks: a NULL");
+}
+
+Test(launch, a_size_outside_its_keys_class_is_refused)
+{
+    kw_launch_deploy d = v32_dcp2();
+    /* index_conversion: the key holds block_table_stride 16; width 18 is
+     * class 2, width 1 class 1. */
+    kw_launch_call c = {0};
+    c.a[KW_LAUNCH_IC_REQ_ID] = c.a[KW_LAUNCH_IC_BLOCK_TABLE] = PTR;
+    c.a[KW_LAUNCH_IC_TOPK_POS] = c.a[KW_LAUNCH_IC_OUT] = PTR;
+    c.a[KW_LAUNCH_IC_NUM_ROWS] = 4;
+    c.a[KW_LAUNCH_IC_NUM_REQS] = 2;
+    c.a[KW_LAUNCH_IC_WIDTH] = 1280;
+    int64_t f[KW_LAUNCH_MAX_FIELDS];
+    char err[256];
+    cr_assert_eq(kw_launch_dispatch(KW_LAUNCH_INDEX_CONVERSION, &d, &c, f,
+                                    err, sizeof(err)), 0);
+    cr_assert_eq(f[12], 16);
+    run_checks(KW_LAUNCH_INDEX_CONVERSION, &d, &c, f, NULL);
+    c.a[KW_LAUNCH_IC_WIDTH] = 18;
+    run_checks(KW_LAUNCH_INDEX_CONVERSION, &d, &c, f,
+               "class of width: 2, but the key's block_table_stride is 16");
+    /* prefill_chunk_metadata: slice_start class 1 means exactly 1. */
+    kw_launch_call p = {.a = {PTR, PTR, PTR, 2, 1, 9, 10, PTR, PTR, PTR, 1,
+                              0}};
+    cr_assert_eq(kw_launch_dispatch(KW_LAUNCH_PREFILL_CHUNK_METADATA, &d, &p,
+                                    f, err, sizeof(err)), 0);
+    p.a[KW_LAUNCH_PCM_SLICE_START] = 3;
+    run_checks(KW_LAUNCH_PREFILL_CHUNK_METADATA, &d, &p, f,
+               "class of slice_start: 2, but the key's is 1");
+    /* ... and an aligned key refuses a misaligned seq_lens. */
+    p.a[KW_LAUNCH_PCM_SLICE_START] = 1;
+    p.a[KW_LAUNCH_PCM_SEQ_LENS] = PTR + 4;
+    run_checks(KW_LAUNCH_PREFILL_CHUNK_METADATA, &d, &p, f,
+               "seq_lens: not 16-byte aligned");
+    /* paged logits: page_rows and next_n are exact. */
+    int64_t pk[KW_LAUNCH_MAX_FIELDS] = {64, 128, 1, 64, 1};
+    kw_launch_call q = {.a = {PTR, PTR, PTR, PTR, PTR, PTR, 2, 4, 256, PTR,
+                              32, 1, 64, 128}};
+    run_checks(KW_LAUNCH_INDEXER_LOGITS_PAGED, &d, &q, pk,
+               "page_rows: 32, but the key's is 64");
+    q.a[KW_LAUNCH_PAGED_PAGE_ROWS] = 64;
+    q.a[KW_LAUNCH_PAGED_HEADS] = 32;
+    run_checks(KW_LAUNCH_INDEXER_LOGITS_PAGED, &d, &q, pk, "heads: 32");
+}
+
+Test(launch, a_call_no_key_can_serve_names_the_allowed_values)
+{
+    kw_launch_deploy d = v32_dcp2();
+    kw_launch_call p = {.a = {PTR, PTR, PTR, 2, 0, 9, 10, PTR, PTR, PTR, 4,
+                              0}};
+    run_checks(KW_LAUNCH_PREFILL_CHUNK_METADATA, &d, &p, NULL,
+               "compress_ratio: 4 is not one of (1)");
+    kw_launch_call s = {.a = {PTR, PTR, PTR, PTR, 5, 3, 0, 8, PTR, 4, 0}};
+    run_checks(KW_LAUNCH_COMPRESSED_SLOT_MAPPING, &d, &s, NULL,
+               "but the model has none");
+    d.dcp_world = 1;
+    d.dcp_rank = 0;
+    kw_launch_call st = {.a = {PTR, 4, PTR}};
+    run_checks(KW_LAUNCH_DCP_STABLE_TOPK, &d, &st, NULL,
+               "needs dcp_world > 1");
+    kw_launch_call l = {.a = {PTR, PTR, PTR, PTR, PTR, PTR, 4, 10, 9, PTR, 64,
+                              128}};
+    run_checks(KW_LAUNCH_INDEXER_LOGITS, &d, &l, NULL,
+               "stride: 9 is below num_k (10)");
+}
+
+Test(launch, op_and_argument_tables_name_every_argument_once)
+{
+    for (int op = 0; op < KW_LAUNCH_NOPS; op++) {
+        size_t n = kw_launch_nargs((kw_launch_op)op);
+        cr_assert(n >= 3 && n <= KW_LAUNCH_MAX_ARGS);
+        cr_assert_eq(kw_launch_op_from_name(kw_launch_op_name(op)), op);
+        for (size_t i = 0; i < n; i++) {
+            const char *a = kw_launch_arg_name((kw_launch_op)op, i);
+            cr_assert_eq(kw_launch_arg_index((kw_launch_op)op, a), (int)i,
+                         "%s %s twice", kw_launch_op_name(op), a);
+        }
+        cr_assert_null(kw_launch_arg_name((kw_launch_op)op, n));
+    }
+    cr_assert_eq(kw_launch_op_family(KW_LAUNCH_INDEXER_LOGITS_PAGED), 5);
+    cr_assert_eq(kw_launch_op_from_name("nope"), -1);
+}
+
+Test(launch, a_deployment_dispatch_cannot_read_is_refused_naming_the_setting)
+{
+    kw_launch_deploy d = v32_dcp2();
+    char err[256] = "";
+    cr_assert_eq(kw_launch_deploy_check(&d, err, sizeof(err)), 0, "%s", err);
+    d.dcp_rank = 2;
+    cr_assert_eq(kw_launch_deploy_check(&d, err, sizeof(err)), KW_EINVAL);
+    cr_assert(strstr(err, "dcp_rank"), "%s", err);
+    d = v32_dcp2();
+    d.num_speculative_tokens = 8;
+    cr_assert_eq(kw_launch_deploy_check(&d, err, sizeof(err)), KW_EINVAL);
+    cr_assert(strstr(err, "num_speculative_tokens"), "%s", err);
+    d = v32_dcp2();
+    d.nratios_p = KW_LAUNCH_MAX_RATIOS + 1;
+    cr_assert_eq(kw_launch_deploy_check(&d, err, sizeof(err)), KW_EINVAL);
+    d.nratios_p = KW_LAUNCH_MAX_RATIOS;
+    cr_assert_eq(kw_launch_deploy_check(&d, err, sizeof(err)), 0, "%s", err);
 }
