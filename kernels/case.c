@@ -4,9 +4,11 @@
 #include "kw_kernels.h"
 
 #include "internal.h"
+#include "kw_launch.h"
 #include "kw_err.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -53,6 +55,8 @@ static bool shape_ok(const kw_k_shape *s)
            s->max_len >= 0 && s->max_len <= (1 << 24);
 }
 
+static int contract_geometry(kw_k_case *c);
+
 int kw_k_case_new(kw_k_case **out, kw_k_family f, const int64_t *fields,
                   const kw_k_shape *shape, uint64_t seed)
 {
@@ -67,7 +71,8 @@ int kw_k_case_new(kw_k_case **out, kw_k_family f, const int64_t *fields,
     c->fam = f;
     memcpy(c->fields, fields, kw_k_nfields(f) * sizeof(*fields));
     kw__k_rng g = {seed};
-    if ((rc = kw__k_family_gen(c, shape, &g)) < 0) {
+    if ((rc = kw__k_family_gen(c, shape, &g)) < 0 ||
+        (rc = contract_geometry(c)) < 0) {
         kw_k_case_free(c, NULL);
         return rc;
     }
@@ -117,6 +122,28 @@ static void build_params(kw_k_case *c, bool host, uint64_t *store,
     }
 }
 
+/* The launch geometry of the case, from the launch contract (kw_launch.h)
+ * that serving processes use, so every check of a key on a GPU also
+ * checks the contract's grid, block and shared memory for it. */
+static int contract_geometry(kw_k_case *c)
+{
+    uint64_t store[KW__K_MAX_ARGS];
+    void *params[KW__K_MAX_ARGS];
+    build_params(c, true, store, params);
+    kw_launch_op op = kw_launch_op_of_key((int)c->fam, c->fields);
+    kw_launch_call call;
+    kw_launch_geo geo;
+    int rc = kw_launch_call_from_params(op, c->fields, params, &call);
+    if (rc == 0)
+        rc = kw_launch_geometry(op, c->fields, &call, 0, &geo);
+    if (rc < 0)
+        return rc;
+    memcpy(c->grid, geo.grid, sizeof(c->grid));
+    memcpy(c->block, geo.block, sizeof(c->block));
+    c->shmem = geo.shmem;
+    return 0;
+}
+
 int kw_k_case_launch(kw_k_case *c, const kw_k_dev *dev)
 {
     if (!c || !dev || !c->uploaded)
@@ -124,6 +151,8 @@ int kw_k_case_launch(kw_k_case *c, const kw_k_dev *dev)
     uint64_t store[KW__K_MAX_ARGS];
     void *params[KW__K_MAX_ARGS];
     build_params(c, false, store, params);
+    if (c->grid[0] == 0)
+        return 0; /* nothing to do: the contract launches nothing */
     return dev->launch(dev->ctx, c->grid, c->block, c->shmem, params);
 }
 

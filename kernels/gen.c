@@ -38,19 +38,6 @@ int64_t kw__k_rep_pick(kw__k_rng *g, int64_t rep, int64_t lo, int64_t hi)
     return -1;
 }
 
-/* Grid of the kernels that give each block one contiguous range of tiles
- * (4 items per thread): at least 16 tiles per block, so per-block set-up
- * is paid rarely, yet at least 256 blocks when there are that many tiles
- * (about two per SM on an H200), so mid-sized cases fill the GPU. */
-static uint64_t ranged_grid(int64_t items, unsigned threads)
-{
-    uint64_t tiles = ((uint64_t)items + 4 * threads - 1) / (4 * threads);
-    uint64_t grid = (tiles + 15) / 16;
-    if (grid < 256)
-        grid = tiles < 256 ? tiles : 256;
-    return grid;
-}
-
 /* Splits total tokens over n requests (about 1 in 8 empty) into
  * query_start_loc qsl[0..n], and gives each request a context so that
  * seq_lens[b] = q_len + context, with context in [0, max_len - q_len]. */
@@ -144,8 +131,6 @@ int kw__k_gen_pcm(kw_k_case *c, const kw_k_shape *s, kw__k_rng *g)
         (rc = ADD_OUT(c, "ke", KW__K_I32, rows, &out)) < 0 ||
         (rc = ADD_OUT(c, "token_to_seq", KW__K_I32, total_k, &out)) < 0)
         return rc;
-    kw__k_case_geometry1(c, ranged_grid(rows + total_k, (unsigned)f[5]),
-                         (unsigned)f[5]);
     c->bytes = (size_t)(rows * 8 + (int64_t)total_k * 4 + (3 * nreq + 2) * 4);
     return 0;
 }
@@ -212,7 +197,6 @@ int kw__k_gen_csm(kw_k_case *c, const kw_k_shape *s, kw__k_rng *g)
     int64_t *out;
     if ((rc = ADD_OUT(c, "out", KW__K_I64, ntok, &out)) < 0)
         return rc;
-    kw__k_case_geometry1(c, ranged_grid(ntok, (unsigned)f[1]), (unsigned)f[1]);
     /* slot_mapping is read (W == 1) only at tokens that finish a state:
      * counted in 32-byte sectors, the least DRAM moves. */
     int64_t sparse = ((int64_t)ntok / ratio + 1) * 32;
@@ -308,14 +292,6 @@ int kw__k_gen_ic(kw_k_case *c, const kw_k_shape *s, kw__k_rng *g)
         (rc = ADD_OUT(c, "valid_count", KW__K_I32, count ? nrows : 0,
                       &out)) < 0)
         return rc;
-    /* Rows of up to 512 entries go one per warp (IC_WARP_TOPK in
-     * index_conversion.cu), and each warp walks 4 of them: a block
-     * retires only with its slowest warp, and fewer, longer-lived blocks
-     * took the compacting V4-Flash variant from 0.64 to 0.68 of copy on
-     * the H200.  Longer rows go one per block. */
-    const uint64_t per_block = topk <= 512 ? 4 * (uint64_t)f[4] : 1;
-    kw__k_case_geometry1(c, ((uint64_t)nrows + per_block - 1) / per_block,
-                         (unsigned)f[4] * 32);
     c->bytes = (size_t)nrows * ((size_t)topk * 8 + 4 + (has_ws ? 4 : 0) +
                                 (count ? 4 : 0));
     return 0;

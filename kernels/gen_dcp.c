@@ -105,7 +105,6 @@ int kw__k_gen_pack(kw_k_case *c, const kw_k_shape *s, kw__k_rng *g)
     if ((rc = kw__k_case_buf(c, "packed", KW__K_F32, (size_t)rows * topk * 2,
                              true, (void **)&out)) < 0)
         return rc;
-    kw__k_case_geometry1(c, (uint64_t)rows, (unsigned)f[5]);
     /* Positions read, pairs written, and the gathered scores in whole
      * 32-byte sectors (a DRAM read moves no less). */
     c->bytes = (size_t)rows * ((size_t)topk * 12 + (has_rs ? 4 : 0)) +
@@ -186,8 +185,6 @@ int kw__k_gen_topk(kw_k_case *c, const kw_k_shape *s, kw__k_rng *g)
     if ((rc = kw__k_case_buf(c, "out", KW__K_I32, (size_t)rows * topk, true,
                              (void **)&out)) < 0)
         return rc;
-    kw__k_case_geometry1(c, (uint64_t)rows,
-                         kw_k_block_threads(c->fam, c->fields));
     c->bytes = (size_t)rows * ((size_t)n * 8 + (size_t)topk * 4);
     return 0;
 }

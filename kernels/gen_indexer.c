@@ -103,9 +103,6 @@ static int gen_prefill(kw_k_case *c, const kw_k_shape *s, kw__k_rng *g)
     kw__k_case_int(c, stride);
     if ((rc = ADD_OUT(c, "logits", KW__K_F32, (int64_t)T * stride, &out)) < 0)
         return rc;
-    unsigned qb = kw_k_logits_queries(c->fam, c->fields);
-    kw__k_case_geometry1(c, ((uint64_t)T + qb - 1) / qb,
-                          kw_k_block_threads(c->fam, c->fields));
     c->bytes = (size_t)T * H * (D + 4) + (size_t)N * (D + 4) +
                (size_t)T * N * 4;
     return 0;
@@ -157,14 +154,6 @@ static int gen_decode(kw_k_case *c, const kw_k_shape *s, kw__k_rng *g)
     if ((rc = ADD_OUT(c, "logits", KW__K_F32, (int64_t)B * NN * max_rows,
                       &out)) < 0)
         return rc;
-    unsigned qb = kw_k_logits_queries(c->fam, c->fields);
-    unsigned groups = ((unsigned)NN + qb - 1) / qb;
-    uint64_t tiles = ((uint64_t)max_rows + 127) / 128, per = (uint64_t)B * groups;
-    uint64_t split = per >= 1056 ? 1 : (1056 + per - 1) / per;
-    kw__k_case_geometry1(c, split < tiles ? split : (tiles ? tiles : 1),
-                          kw_k_block_threads(c->fam, c->fields));
-    c->grid[1] = (unsigned)(B ? B : 1);
-    c->grid[2] = groups;
     c->bytes = krows * (D + 4) + (size_t)B * NN * (H * (D + 4) + max_rows * 4);
     return 0;
 }
@@ -173,9 +162,7 @@ int kw__k_gen_logits(kw_k_case *c, const kw_k_shape *s, kw__k_rng *g)
 {
     if (s->rows > (1 << 24) || s->batch > (1 << 16))
         return KW_EINVAL;
-    int rc = c->fields[2] ? gen_decode(c, s, g) : gen_prefill(c, s, g);
-    c->shmem = kw_k_shmem_bytes(c->fam, c->fields);
-    return rc;
+    return c->fields[2] ? gen_decode(c, s, g) : gen_prefill(c, s, g);
 }
 
 /* A logit: mostly bell-shaped, sometimes a tie (quarters in [-2, 2]),
@@ -229,9 +216,6 @@ int kw__k_gen_itopk(kw_k_case *c, const kw_k_shape *s, kw__k_rng *g)
     kw__k_case_int(c, cols);
     if ((rc = ADD_OUT(c, "topk_pos", KW__K_I32, (int64_t)rows * topk, &out)) < 0)
         return rc;
-    kw__k_case_geometry1(c, (uint64_t)rows,
-                          kw_k_block_threads(c->fam, c->fields));
-    c->shmem = kw_k_shmem_bytes(c->fam, c->fields);
     c->bytes = (size_t)rows * ((size_t)cols * 4 + (size_t)topk * 4 + 8);
     return 0;
 }

@@ -181,14 +181,4 @@ int kw__k_cpu_logits_mag(const int64_t *fields, void **args, double *mag);
  * when the class has none there. */
 int64_t kw__k_rep_pick(kw__k_rng *g, int64_t rep, int64_t lo, int64_t hi);
 
-/* Sets a one-dimensional geometry. */
-static inline void kw__k_case_geometry1(kw_k_case *c, uint64_t grid,
-                                        unsigned block)
-{
-    c->grid[0] = (unsigned)(grid == 0 ? 1 : grid);
-    c->grid[1] = c->grid[2] = 1;
-    c->block[0] = block;
-    c->block[1] = c->block[2] = 1;
-}
-
 #endif /* KW__K_INTERNAL_H */

@@ -84,26 +84,30 @@ typedef struct kw_k_dev {
  * supplied as a named header (the .cu files include "kw_k_dcp.cuh").
  *
  * Kernel parameters, in order (pointers are device pointers; "int" is a
- * 32-bit int; "opt" pointers may be 0 when the key says they are unused):
+ * 32-bit int; "opt" pointers may be 0 when the key says they are unused).
+ * The grids below are what kernels accept; the grid, block and shared
+ * memory every launch uses, the check harness's included, come from
+ * launch/kw_launch.h (kw_launch_geometry), the contract serving
+ * processes call through:
  *   prefill_chunk_metadata: const int *query_start_loc, const int *seq_lens,
  *       const int *cu_k, int num_reqs, int slice_start, int slice_stop,
  *       int dcp_rank, int dcp_world, int dcp_interleave, int total_k
  *       (== cu_k[num_reqs]), int *ks, int *ke, int *token_to_seq.
  *       Block: block_size threads.  Grid: any; rows and then K rows form
  *       one index space that each block takes a contiguous range of, in
- *       tiles of 4*block_size (the harness: ceil(tiles / 16) blocks, at
+ *       tiles of 4*block_size (kw_launch: ceil(tiles / 16) blocks, at
  *       least min(tiles, 256)).
  *   compressed_slot_mapping: const int64 *slot_mapping, const int
  *       *query_start_loc, const int *seq_lens, const int *block_table,
  *       int num_tokens, int num_reqs, int width, int block_size, int64 *out.
  *       Block: triton_block_size threads.  Grid: any; each block takes a
- *       contiguous range of tiles of 4*threads tokens (the harness:
+ *       contiguous range of tiles of 4*threads tokens (kw_launch:
  *       ceil(tiles / 16) blocks, at least min(tiles, 256)).
  *   index_conversion: const int *req_id, const int *block_table,
  *       const int *topk_pos, const int *prefill_req (opt), const int
  *       *workspace_start (opt), int num_rows, int num_reqs, int num_prefill,
  *       int width, int workspace_rank_stride, int *out, int *valid_count
- *       (opt).  Block: num_warps*32 threads.  Grid: any (the harness:
+ *       (opt).  Block: num_warps*32 threads.  Grid: any (kw_launch:
  *       one block per row, or, when num_topk_tokens <= 512, one per
  *       4*num_warps rows: a warp per row, 4 rows per warp).
  *   dcp_pack_topk_candidates: const float *logits, const int *topk_local,

@@ -304,6 +304,20 @@ int kw_launch_params_build(kw_launch_op op, const int64_t *fields,
                            const kw_launch_deploy *d,
                            const kw_launch_call *call, kw_launch_params *p);
 
+/* The inverse of kw_launch_params_build(): the call behind a launch's
+ * kernel parameters (params as cuLaunchKernel's kernelParams) of key
+ * fields, with what only the key holds (compress_ratio, compact_to_front,
+ * page_rows, ...) from fields.  Values the deployment gives the kernel
+ * (prefill_chunk_metadata's DCP geometry) are left out; dcp_local is 0.
+ * For the check harness, which builds kernel parameters itself and takes
+ * its geometry from here.  0 or KW_EINVAL. */
+int kw_launch_call_from_params(kw_launch_op op, const int64_t *fields,
+                               void *const *params, kw_launch_call *out);
+
+/* The op that launches key (fam, fields): indexer_logits_paged for a
+ * paged indexer_logits key, else the family's own. */
+kw_launch_op kw_launch_op_of_key(int fam, const int64_t *fields);
+
 #ifdef __cplusplus
 }
 #endif

@@ -296,8 +296,11 @@ void kw__launch_grid_ic(const int64_t *f, const int64_t *a, unsigned sm,
                         uint64_t grid[3])
 {
     (void)sm;
-    /* Rows of up to 512 entries go one per warp, 4 per warp
-     * (IC_WARP_TOPK in index_conversion.cu); longer ones one per block. */
+    /* Rows of up to 512 entries go one per warp (IC_WARP_TOPK in
+     * index_conversion.cu), and each warp walks 4 of them: a block
+     * retires only with its slowest warp, and fewer, longer-lived blocks
+     * took the compacting V4-Flash variant from 0.64 to 0.68 of copy on
+     * the H200.  Longer rows go one per block. */
     uint64_t per = f[11] <= 512 ? 4 * (uint64_t)f[4] : 1;
     grid[0] = ((uint64_t)a[KW_LAUNCH_IC_NUM_ROWS] + per - 1) / per;
 }

@@ -30,6 +30,10 @@ typedef struct op_desc {
     kw__launch_check_fn check;
     kw__launch_grid_fn grid;
     kw__launch_params_fn params;
+    /* The call argument behind each kernel parameter, in parameter order
+     * (-1: a value the deployment gives), for kw_launch_call_from_params. */
+    size_t nparams;
+    int8_t param_arg[KW_LAUNCH_MAX_PARAMS];
 } op_desc;
 
 static const op_desc ops[KW_LAUNCH_NOPS] = {
@@ -39,14 +43,14 @@ static const op_desc ops[KW_LAUNCH_NOPS] = {
       {"total_k", SIZE}, {"ks", OUT}, {"ke", OUT}, {"token_to_seq", OUT},
       {"compress_ratio", SIZE}, {"dcp_local", FLAG}},
      kw__launch_dispatch_pcm, kw__launch_check_pcm, kw__launch_grid_pcm,
-     kw__launch_params_pcm},
+     kw__launch_params_pcm, 13, {0, 1, 2, 3, 4, 5, -1, -1, -1, 6, 7, 8, 9}},
     {"compressed_slot_mapping", 1, 11,
      {{"slot_mapping", IN}, {"query_start_loc", IN}, {"seq_lens", IN},
       {"block_table", IN}, {"num_tokens", SIZE}, {"num_reqs", SIZE},
       {"width", SIZE}, {"block_size", SIZE}, {"out", OUT},
       {"compress_ratio", SIZE}, {"dcp_local", FLAG}},
      kw__launch_dispatch_csm, kw__launch_check_csm, kw__launch_grid_csm,
-     kw__launch_params_csm},
+     kw__launch_params_csm, 9, {0, 1, 2, 3, 4, 5, 6, 7, 8}},
     {"index_conversion", 2, 14,
      {{"req_id", IN}, {"block_table", IN}, {"topk_pos", IN},
       {"prefill_req", OPT_IN}, {"workspace_start", OPT_IN},
@@ -55,27 +59,28 @@ static const op_desc ops[KW_LAUNCH_NOPS] = {
       {"valid_count", OPT_OUT}, {"compact_to_front", FLAG},
       {"dcp_local", FLAG}},
      kw__launch_dispatch_ic, kw__launch_check_ic, kw__launch_grid_ic,
-     kw__launch_params_ic},
+     kw__launch_params_ic, 12, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}},
     {"dcp_pack_topk_candidates", 3, 6,
      {{"logits", IN}, {"topk_local", IN}, {"row_starts", OPT_IN},
       {"num_rows", SIZE}, {"cols", SIZE}, {"packed", OUT}},
      kw__launch_dispatch_pack, kw__launch_check_pack, kw__launch_grid_pack,
-     kw__launch_params_pack},
+     kw__launch_params_pack, 6, {0, 1, 2, 3, 4, 5}},
     {"dcp_stable_topk", 4, 3,
      {{"gathered", IN}, {"num_rows", SIZE}, {"out", OUT}},
      kw__launch_dispatch_stable, kw__launch_check_stable,
-     kw__launch_grid_stable, kw__launch_params_stable},
+     kw__launch_grid_stable, kw__launch_params_stable, 3, {0, 1, 2}},
     {"indexer_logits", 5, 12,
      {{"q", IN}, {"w", IN}, {"k", IN}, {"k_scale", IN}, {"ks", IN},
       {"ke", IN}, {"num_rows", SIZE}, {"num_k", SIZE}, {"stride", SIZE},
       {"logits", OUT}, {"heads", SIZE}, {"head_dim", SIZE}},
      kw__launch_dispatch_logits, kw__launch_check_logits,
-     kw__launch_grid_logits, kw__launch_params_logits},
+     kw__launch_grid_logits, kw__launch_params_logits, 10,
+     {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}},
     {"indexer_topk", 6, 7,
      {{"logits", IN}, {"ks", OPT_IN}, {"ke", OPT_IN}, {"num_rows", SIZE},
       {"stride", SIZE}, {"topk_pos", OUT}, {"row_end", OPT_IN}},
      kw__launch_dispatch_itopk, kw__launch_check_itopk,
-     kw__launch_grid_itopk, kw__launch_params_itopk},
+     kw__launch_grid_itopk, kw__launch_params_itopk, 6, {0, 1, 2, 3, 4, 5}},
     {"indexer_logits_paged", 5, 14,
      {{"q", IN}, {"w", IN}, {"k_pages", IN}, {"k_scale_pages", IN},
       {"block_table", IN}, {"row_end", IN}, {"num_reqs", SIZE},
@@ -83,7 +88,8 @@ static const op_desc ops[KW_LAUNCH_NOPS] = {
       {"page_rows", SIZE}, {"next_n", SIZE}, {"heads", SIZE},
       {"head_dim", SIZE}},
      kw__launch_dispatch_paged, kw__launch_check_paged,
-     kw__launch_grid_paged, kw__launch_params_paged},
+     kw__launch_grid_paged, kw__launch_params_paged, 10,
+     {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}},
 };
 
 static const op_desc *op_of(kw_launch_op op)
@@ -254,4 +260,71 @@ int kw_launch_params_build(kw_launch_op op, const int64_t *fields,
     p->n = 0;
     o->params(fields, d, call->a, p);
     return 0;
+}
+
+/* What the kernel parameters do not carry: the key's own choices. */
+static void call_from_fields(kw_launch_op op, const int64_t *f, int64_t *a)
+{
+    switch (op) {
+    case KW_LAUNCH_PREFILL_CHUNK_METADATA:
+        a[KW_LAUNCH_PCM_COMPRESS_RATIO] = f[6];
+        break;
+    case KW_LAUNCH_COMPRESSED_SLOT_MAPPING:
+        a[KW_LAUNCH_CSM_COMPRESS_RATIO] = f[0];
+        break;
+    case KW_LAUNCH_INDEX_CONVERSION:
+        a[KW_LAUNCH_IC_COMPACT_TO_FRONT] = f[7];
+        break;
+    case KW_LAUNCH_INDEXER_LOGITS:
+        a[KW_LAUNCH_LOGITS_HEADS] = f[0];
+        a[KW_LAUNCH_LOGITS_HEAD_DIM] = f[1];
+        break;
+    case KW_LAUNCH_INDEXER_LOGITS_PAGED:
+        a[KW_LAUNCH_PAGED_PAGE_ROWS] = f[3];
+        a[KW_LAUNCH_PAGED_NEXT_N] = f[4];
+        a[KW_LAUNCH_PAGED_HEADS] = f[0];
+        a[KW_LAUNCH_PAGED_HEAD_DIM] = f[1];
+        break;
+    case KW_LAUNCH_INDEXER_TOPK:
+        if (!f[1]) { /* not windowed: the second parameter is row_end */
+            a[KW_LAUNCH_TOPK_ROW_END] = a[KW_LAUNCH_TOPK_KS];
+            a[KW_LAUNCH_TOPK_KS] = a[KW_LAUNCH_TOPK_KE] = 0;
+        }
+        break;
+    default:
+        break;
+    }
+}
+
+int kw_launch_call_from_params(kw_launch_op op, const int64_t *fields,
+                               void *const *params, kw_launch_call *out)
+{
+    const op_desc *o = op_of(op);
+    if (!o || !fields || !params || !out)
+        return KW_EINVAL;
+    memset(out, 0, sizeof(*out));
+    for (size_t i = 0; i < o->nparams; i++) {
+        int arg = o->param_arg[i];
+        if (arg < 0)
+            continue;
+        kw_launch_arg_kind k = o->args[arg].kind;
+        if (k == SIZE || k == FLAG) {
+            int32_t v;
+            memcpy(&v, params[i], sizeof(v));
+            out->a[arg] = v;
+        } else {
+            uint64_t v;
+            memcpy(&v, params[i], sizeof(v));
+            out->a[arg] = (int64_t)v;
+        }
+    }
+    call_from_fields(op, fields, out->a);
+    return 0;
+}
+
+kw_launch_op kw_launch_op_of_key(int fam, const int64_t *fields)
+{
+    if (fam == 5 && fields && fields[2])
+        return KW_LAUNCH_INDEXER_LOGITS_PAGED;
+    return (kw_launch_op)fam;
 }
