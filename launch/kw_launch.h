@@ -16,8 +16,8 @@
  * so key derivation and dispatch read the same classes.  Every function
  * is thread-safe; returned strings are static.
  *
- * Families are numbered in registry order (kw_kernels.h's kw_k_family,
- * spec/warmup-keys.md §4.1 .. §4.7).  An *op* is one way to call a
+ * Families are numbered in registry order (spec/warmup-keys.md §4.1 .. §4.7:
+ * 0 prefill_chunk_metadata .. 6 indexer_topk).  An *op* is one way to call a
  * family: indexer_logits has two (prefill, and paged decode), every
  * other family one, so there are eight ops.
  *
@@ -38,7 +38,7 @@ extern "C" {
  * Families and their key fields.
  * ---------------------------------------------------------------------- */
 
-/* Number of families (kw_k_family's KW_K_NFAMILIES). */
+/* Number of families. */
 #define KW_LAUNCH_NFAMILIES 7
 /* Most key fields any family has (index_conversion's 13). */
 #define KW_LAUNCH_MAX_FIELDS 13

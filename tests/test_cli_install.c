@@ -191,7 +191,8 @@ Test(install, installed_headers_stand_alone, .init = setup, .fini = teardown)
         n++;
     }
     closedir(d);
-    cr_expect_eq(n, 4, "want kw_client.h, kw_cuda.h, kw_proto.h, kw_err.h");
+    cr_expect_eq(n, 6, "want kw_client.h, kw_cuda.h, kw_proto.h, kw_ops.h, "
+                       "kw_launch.h, kw_err.h");
 }
 
 /* Issue 12 point 9: systemd removes a service's RuntimeDirectory= when it
