@@ -31,8 +31,8 @@ READY_SECONDS = 60
 class Kwarmd:
     """kwarmd on DIR/s.sock with cache DIR/cache, ready when constructed."""
 
-    def __init__(self):
-        binary = os.environ.get("KWARMD")
+    def __init__(self, binary=None, jobs=2):
+        binary = binary or os.environ.get("KWARMD")
         if not binary:
             raise unittest.SkipTest("KWARMD (the kwarmd binary) not set")
         self.dir = tempfile.mkdtemp(prefix="kw-pytest-")
@@ -45,7 +45,7 @@ class Kwarmd:
         self.log = open(os.path.join(self.dir, "kwarmd.log"), "wb")
         self.proc = subprocess.Popen(
             [binary, "--socket", self.sock, "--cache",
-             os.path.join(self.dir, "cache"), "--jobs", "2"],
+             os.path.join(self.dir, "cache"), "--jobs", str(jobs)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=self.log, env=env)
         try:

@@ -495,6 +495,12 @@ class Deployment:
             self._raise(opi, rc)
         return LIB.fields(opi, fields), bool(loaded.value)
 
+    def use(self):
+        """A context manager: the ops use this deployment on its device
+        inside the block (another rank's, for example), then the one they
+        used before."""
+        return _Using(self)
+
     def close(self):
         """Unloads every kernel (synchronise first)."""
         if self._h:
@@ -516,6 +522,22 @@ class Deployment:
         return "<kwarm.torch.Deployment %s on %s, topk %d, dcp %d/%d>" % (
             self.arch, self.device_name, self.topk, self.dcp_rank,
             self.dcp_world)
+
+
+class _Using:
+    def __init__(self, dep):
+        self.dep, self.prev = dep, None
+
+    def __enter__(self):
+        self.prev = _DEPLOYED.get(self.dep.device_index)
+        _DEPLOYED[self.dep.device_index] = self.dep
+        return self.dep
+
+    def __exit__(self, *exc):
+        if self.prev is None:
+            _DEPLOYED.pop(self.dep.device_index, None)
+        else:
+            _DEPLOYED[self.dep.device_index] = self.prev
 
 
 def _text(value, what):
@@ -548,7 +570,8 @@ def _device_index(device):
 
 
 def load(config, deployment=None, socket=None, device=None, *, arch=None,
-         name=None, no_warmup=False, timeout_ms=0, stand_in=None, log=None):
+         name=None, no_warmup=False, timeout_ms=0, stand_in=None, log=None,
+         activate=True):
     """Warms `deployment` of `config` through kwarmd and loads every key of
     this rank on `device` (torch's current CUDA device by default), in
     the primary context torch uses.  Returns the Deployment, which the ops
@@ -567,6 +590,8 @@ def load(config, deployment=None, socket=None, device=None, *, arch=None,
       Its attribute `capturing`, when true, plays a capturing stream.
     log: a callable(line) for libkwarm's log lines (a runtime miss, once
       per key); None: the "kwarm" logger at WARNING.
+    activate: False loads without making the ops use it (see
+      Deployment.use(): another rank's kernels in the same process).
     Raises RuntimeError with libkwarm's one-line reason on failure.
     """
     cfg, cfg_name = _text(config, "config")
@@ -642,6 +667,8 @@ def load(config, deployment=None, socket=None, device=None, *, arch=None,
             LIB.kw_cuda_close(cuda)
         raise RuntimeError("kwarm.torch.load: %s (%s)" % (msg, LIB.err_name(rc)))
     dep = Deployment(h, cuda, index, keep)
+    if not activate:
+        return dep
     old = _DEPLOYED.get(index)
     _DEPLOYED[index] = dep
     if old is not None:
