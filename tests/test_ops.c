@@ -334,3 +334,97 @@ Test(ops, refuses_a_deployment_it_cannot_serve_before_any_work)
     free(config);
     kwd_stop(&d);
 }
+
+/* ---- on a GPU (skipped without a driver) ------------------------------- */
+
+/* indexer_topk and a runtime miss of index_conversion on the device, with
+ * kernels NVRTC really compiled: the path a C serving process takes. */
+Test(ops, on_a_gpu_the_loaded_kernels_match_the_reference, .timeout = 600)
+{
+    kw_cuda *cu = NULL;
+    char err[512] = "";
+    if (kw_cuda_open(&cu, 0, err, sizeof(err)) < 0)
+        cr_skip_test("no CUDA device: %s", err);
+    kwd d;
+    kwd_init(&d, "ops-gpu");
+    kwd_start(&d, 8, NULL);
+    char *config = fixture_text("deepseek-v3.2-exp.json");
+    kw_ops_opts o = {.socket = d.sock, .config_json = config,
+                     .timeout_ms = 300000, .cuda = cu};
+    kw_ops *ops = NULL;
+    cr_assert_eq(kw_ops_load(&ops, &o, err, sizeof(err)), 0, "%s", err);
+    enum { ROWS = 5, STRIDE = 5000, TOPK = 2048 };
+    static float logits[ROWS * STRIDE];
+    static int32_t got[ROWS * TOPK], want[ROWS * TOPK];
+    int32_t row_end[ROWS] = {5000, 17, 0, 2048, 4999};
+    for (int i = 0; i < ROWS * STRIDE; i++)
+        logits[i] = (float)((i * 7919) % 1013) * (i % 3 ? 1.0f : -1.0f);
+    uint64_t dl, dr, dp;
+    cr_assert_eq(kw_cuda_alloc(cu, sizeof(logits), &dl), 0);
+    cr_assert_eq(kw_cuda_alloc(cu, sizeof(row_end), &dr), 0);
+    cr_assert_eq(kw_cuda_alloc(cu, sizeof(got), &dp), 0);
+    cr_assert_eq(kw_cuda_h2d(cu, dl, logits, sizeof(logits)), 0);
+    cr_assert_eq(kw_cuda_h2d(cu, dr, row_end, sizeof(row_end)), 0);
+    kw_launch_call c = {.a = {(int64_t)dl, 0, 0, ROWS, STRIDE, (int64_t)dp,
+                              (int64_t)dr}};
+    cr_assert_eq(kw_ops_run(ops, KW_LAUNCH_INDEXER_TOPK, &c, 0), 0, "%s",
+                 kw_ops_last_error(ops));
+    cr_assert_eq(kw_cuda_sync(cu), 0, "%s", kw_cuda_last_error(cu));
+    cr_assert_eq(kw_cuda_d2h(cu, got, dp, sizeof(got)), 0);
+    kw_k_itopk_args r = {.topk = TOPK, .num_rows = ROWS, .stride = STRIDE,
+                         .logits = logits, .row_end = row_end,
+                         .topk_pos = want};
+    cr_assert_eq(kw_k_ref_indexer_topk(&r), 0);
+    cr_assert_arr_eq(got, want, sizeof(got));
+    kw_ops_stats st;
+    kw_ops_stats_get(ops, &st);
+    cr_assert_eq(st.runtime_misses, 0);
+
+    /* Compacting without counting: a class V3.2 does not warm.  Fetched
+     * (kwarmd compiles it), loaded, and right. */
+    enum { REQS = 2, WIDTH = 1280 };
+    static int32_t req_id[ROWS], table[REQS * WIDTH], out[ROWS * TOPK],
+        ref[ROWS * TOPK];
+    for (int i = 0; i < ROWS; i++)
+        req_id[i] = i % REQS;
+    for (int i = 0; i < REQS * WIDTH; i++)
+        table[i] = (i * 13) % 7777;
+    uint64_t dq, dt, dout;
+    cr_assert_eq(kw_cuda_alloc(cu, sizeof(req_id), &dq), 0);
+    cr_assert_eq(kw_cuda_alloc(cu, sizeof(table), &dt), 0);
+    cr_assert_eq(kw_cuda_alloc(cu, sizeof(out), &dout), 0);
+    cr_assert_eq(kw_cuda_h2d(cu, dq, req_id, sizeof(req_id)), 0);
+    cr_assert_eq(kw_cuda_h2d(cu, dt, table, sizeof(table)), 0);
+    kw_launch_call ic = {0};
+    ic.a[KW_LAUNCH_IC_REQ_ID] = (int64_t)dq;
+    ic.a[KW_LAUNCH_IC_BLOCK_TABLE] = (int64_t)dt;
+    ic.a[KW_LAUNCH_IC_TOPK_POS] = (int64_t)dp; /* the top-k just computed */
+    ic.a[KW_LAUNCH_IC_NUM_ROWS] = ROWS;
+    ic.a[KW_LAUNCH_IC_NUM_REQS] = REQS;
+    ic.a[KW_LAUNCH_IC_WIDTH] = WIDTH;
+    ic.a[KW_LAUNCH_IC_OUT] = (int64_t)dout;
+    ic.a[KW_LAUNCH_IC_COMPACT_TO_FRONT] = 1;
+    cr_assert_eq(kw_ops_run(ops, KW_LAUNCH_INDEX_CONVERSION, &ic, 0), 0,
+                 "%s", kw_ops_last_error(ops));
+    cr_assert_eq(kw_cuda_sync(cu), 0, "%s", kw_cuda_last_error(cu));
+    cr_assert_eq(kw_cuda_d2h(cu, out, dout, sizeof(out)), 0);
+    kw_k_ic_args ir = {.block_size = 64, .block_stride_rows = 64,
+                       .compact_to_front = true, .dcp_size = 1,
+                       .dcp_interleave = 1, .topk = TOPK, .num_rows = ROWS,
+                       .num_reqs = REQS, .width = WIDTH, .req_id = req_id,
+                       .block_table = table, .topk_pos = want, .out = ref};
+    cr_assert_eq(kw_k_ref_index_conversion(&ir), 0);
+    cr_assert_arr_eq(out, ref, sizeof(out));
+    kw_ops_stats_get(ops, &st);
+    cr_assert_eq(st.runtime_misses, 1);
+    kw_cuda_free(cu, dq);
+    kw_cuda_free(cu, dt);
+    kw_cuda_free(cu, dout);
+    kw_cuda_free(cu, dl);
+    kw_cuda_free(cu, dr);
+    kw_cuda_free(cu, dp);
+    kw_ops_free(ops);
+    free(config);
+    kwd_stop(&d);
+    kw_cuda_close(cu);
+}
