@@ -5,14 +5,11 @@
 #include "kw_kernels.h"
 
 #include "internal.h"
+#include "kw_launch.h"
 
-/* Specialization class of §3, as Triton specializes integer arguments. */
-static int64_t rep(int64_t v)
-{
-    if (v == 1)
-        return 1;
-    return v % 16 == 0 ? 16 : 2;
-}
+/* Specialization class of §3, as Triton specializes integer arguments:
+ * dispatch reads the same function (kw_launch.h). */
+#define rep kw_launch_rep
 
 /* §4.1 prefill_chunk_metadata. */
 void kw__k_derive_pcm(const kw_k_derive_in *in, kw_k_add_fn add, void *ctx)
@@ -52,20 +49,13 @@ void kw__k_derive_csm(const kw_k_derive_in *in, kw_k_add_fn add, void *ctx)
         }
 }
 
-/* vLLM's block-table width (§4.3): blocks for max_model_len over the DCP
- * world, rounded up to a multiple of 128 / gcd(128, block_size). */
+/* vLLM's block-table width (§4.3), as dispatch computes it. */
 static int64_t block_table_width(const kw_k_derive_in *in)
 {
-    int64_t per = in->block_size * in->dcp_world; /* < 2^62 */
-    int64_t n = (in->max_model_len + per - 1) / per;
-    int64_t g = 128, b = in->block_size;
-    while (b != 0) {
-        int64_t t = g % b;
-        g = b;
-        b = t;
-    }
-    int64_t mult = 128 / g;
-    return (n + mult - 1) / mult * mult;
+    kw_launch_deploy d = {.block_size = in->block_size,
+                          .dcp_world = in->dcp_world,
+                          .max_model_len = in->max_model_len};
+    return kw_launch_table_width(&d);
 }
 
 /* §4.3 index_conversion. */
