@@ -298,7 +298,9 @@ def _gen_op(opi, name, args):
     body.append("    try: _c, _addr = _TLS.blocks[%d]" % opi)
     body.append("    except AttributeError: _c, _addr = _call_blocks()[%d]" % opi)
     body.append("    _PACK_%d(_c, 0, %s)" % (opi, ", ".join(vals)))
-    body.append("    _rc = _RUN(_d._h, %d, _addr, _STREAM(_dev) if _dev >= 0 else 0)"
+    body.append("    if _dev >= 0 and _GETDEV() != _dev: _rc = _d._run_on_device(%d, _addr)"
+                % opi)
+    body.append("    else: _rc = _RUN(_d._h, %d, _addr, _STREAM(_dev) if _dev >= 0 else 0)"
                 % opi)
     body.append("    if _rc: _d._raise(%d, _rc)" % opi)
     src.append("\n".join(body))
@@ -381,6 +383,8 @@ _NS = {
     "_RUN": LIB.kw_ops_run,
     "_STREAM": torch._C._cuda_getCurrentRawStream
     if hasattr(torch._C, "_cuda_getCurrentRawStream") else (lambda i: 0),
+    "_GETDEV": torch._C._cuda_getDevice
+    if hasattr(torch._C, "_cuda_getDevice") else (lambda: -1),
 }
 SOURCE = {}
 for _i, (_name, _args) in enumerate(OPS):
@@ -450,6 +454,13 @@ class Deployment:
         buf = ctypes.create_string_buffer(1024)
         LIB.kw_ops_last_error_copy(self._h, buf, len(buf))
         return buf.value.decode(errors="replace")
+
+    def _run_on_device(self, op, addr):
+        """kw_ops_run with this deployment's device current (tensors on a
+        device other than torch's current one, as torch's own ops allow)."""
+        with torch.cuda.device(self.device_index):
+            return LIB.kw_ops_run(self._h, op, addr,
+                                  torch._C._cuda_getCurrentRawStream(self.device_index))
 
     def _raise(self, op, rc):
         msg = "kwarm.%s: %s (%s)" % (OPS[op][0], self._error(), LIB.err_name(rc))
