@@ -15,6 +15,8 @@
 #include "kw_kernels.h"
 #include "kw_ops.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <unistd.h>
 
 TestSuite(ops, .fini = kwd_cleanup);
@@ -23,7 +25,8 @@ TestSuite(ops, .fini = kwd_cleanup);
  * capturing is a flag the test sets. */
 typedef struct standin {
     bool capturing;
-    unsigned launches;
+    bool concurrent; /* launches from several threads: last not kept */
+    _Atomic unsigned launches;
     kw_launch_geo last;
     int logs;
     char log[2048];
@@ -36,7 +39,8 @@ static int standin_launch(void *ctx, int fam, const int64_t *fields,
     standin *s = ctx;
     (void)stream;
     s->launches++;
-    s->last = *geo;
+    if (!s->concurrent)
+        s->last = *geo;
     return kw_k_cpu_launch((kw_k_family)fam, fields, args);
 }
 
@@ -427,4 +431,50 @@ Test(ops, on_a_gpu_the_loaded_kernels_match_the_reference, .timeout = 600)
     free(config);
     kwd_stop(&d);
     kw_cuda_close(cu);
+}
+
+/* Eight threads call an unwarmed key at once, 50 times each: one fetch,
+ * every launch made, the table never torn. */
+typedef struct hammer {
+    kw_ops *ops;
+    int failures;
+} hammer;
+
+static void *hammer_run(void *arg)
+{
+    hammer *h = arg;
+    float out[40];
+    kw_launch_call c = unwarmed_call(out);
+    for (int i = 0; i < 50; i++)
+        h->failures += kw_ops_run(h->ops, KW_LAUNCH_INDEXER_LOGITS, &c, 0) != 0;
+    return NULL;
+}
+
+Test(ops, threads_that_miss_at_once_fetch_the_key_once)
+{
+    kwd d;
+    standin s = {0};
+    kw_ops_device dev;
+    char *config;
+    kw_ops *ops = start(&d, &s, &dev, &config);
+    s.concurrent = true;
+    pthread_t t[8];
+    hammer h[8];
+    for (int i = 0; i < 8; i++) {
+        h[i] = (hammer){ops, 0};
+        cr_assert_eq(pthread_create(&t[i], NULL, hammer_run, &h[i]), 0);
+    }
+    for (int i = 0; i < 8; i++) {
+        pthread_join(t[i], NULL);
+        cr_assert_eq(h[i].failures, 0, "%s", kw_ops_last_error(ops));
+    }
+    kw_ops_stats st;
+    kw_ops_stats_get(ops, &st);
+    cr_assert_eq(st.runtime_misses, 1);
+    cr_assert_eq(st.launches, 400);
+    cr_assert_eq(s.launches, 400);
+    cr_assert_eq(s.logs, 1, "logged once");
+    kw_ops_free(ops);
+    free(config);
+    kwd_stop(&d);
 }
