@@ -169,7 +169,8 @@ def global_of(l, W, Rk, I):
 
 def ref_prefill_chunk_metadata(qsl, seq, cu_k, s0, s1, total_k, ratio, W, Rk, I):
     qsl, seq, cu_k = qsl.tolist(), seq.tolist(), cu_k.tolist()
-    ks, ke, t2s = [None] * (s1 - s0), [None] * (s1 - s0), [None] * total_k
+    rows = max(s1 - s0, 0)
+    ks, ke, t2s = [None] * rows, [None] * rows, [None] * total_k
     for b in range(len(seq)):
         q_len = qsl[b + 1] - qsl[b]
         start = seq[b] - q_len
@@ -403,10 +404,11 @@ class Case:
         qlens, ctx = [5, 17, 1, 14], [100, 3000, 0, 9]    # 37 tokens
         for ratio in ratios:
             for local in locals_:
-                # slice classes: start 0 (rep 16), 1, 2 by stop 37 (rep 2)
-                # and 32 (16), and stop 1 (rep 1; only start 0 is below it).
+                # slice classes: start 0 (rep 16), 1, 2 by stop 37 (rep 2),
+                # 32 (16) and 1 (1); a stop at or before the start is an
+                # empty slice (only token_to_seq), which vLLM calls too.
                 for s0, s1 in ((0, 37), (1, 37), (2, 37), (0, 32), (1, 32), (2, 32),
-                               (0, 1)):
+                               (0, 1), (1, 1), (2, 1)):
                     for mis in (False, True):
                         tag = "r%d s%d-%d%s%s" % (ratio, s0, s1, " local" if local else "",
                                                   " unaligned" if mis else "")

@@ -135,14 +135,7 @@ class Plan(unittest.TestCase):
             reached = {(f, tuple(sorted(fl.items()))) for f, fl in launches}
             unreached = [(fam, fl) for fam, fl, _ in dep.keys()
                          if (fam, tuple(sorted(fl.items()))) not in reached]
-            # Known: prefill_chunk_metadata keys whose query_slice_stop is 1
-            # with a query_slice_start of class 1 or 2 (start >= stop, an
-            # empty slice) are warmed, and no call with rows reaches them.
-            others_left = [(fam, fl) for fam, fl in unreached
-                           if not (fam == "prefill_chunk_metadata"
-                                   and fl["query_slice_stop"] == 1
-                                   and fl["query_slice_start"] in (1, 2))]
-            self.assertEqual(others_left, [])
+            self.assertEqual(unreached, [])
             for o in others.values():
                 o.close()
             dep.close()

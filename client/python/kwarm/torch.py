@@ -68,8 +68,9 @@ SPECS = {
         "query_start_loc": (I32, ("num_reqs + 1",)),
         "seq_lens": (I32, ("num_reqs",)),
         "cu_k": (I32, ("num_reqs + 1",)),
-        "ks": (I32, ("slice_stop - slice_start",)),
-        "ke": (I32, ("slice_stop - slice_start",)),
+        # an empty slice (stop <= start) writes only token_to_seq
+        "ks": (I32, ("max(slice_stop - slice_start, 0)",)),
+        "ke": (I32, ("max(slice_stop - slice_start, 0)",)),
         "token_to_seq": (I32, ("total_k",)),
     },
     "compressed_slot_mapping": {
