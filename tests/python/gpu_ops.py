@@ -894,6 +894,24 @@ def misses(args, config, deploy, dev):
         daemon.stop()
 
 
+def readme_example(sock):
+    """README's "Serving with PyTorch" example, run as written (a fresh
+    process against this kwarmd): both of its checks print True."""
+    import subprocess
+    with open(os.path.join(ROOT, "README.md")) as f:
+        text = f.read()
+    start = text.index("# serve_torch.py")
+    code = text[start:text.index("```", start)]
+    env = dict(os.environ, KWARM_SOCKET=sock)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    p = subprocess.run([sys.executable, "-c", code, os.path.join(ROOT, "tests", "fixtures",
+                                                                 "deepseek-v3.2-exp.json")],
+                       capture_output=True, text=True, env=env, timeout=600)
+    R.check("README example runs", p.returncode == 0, p.stderr[-2000:])
+    R.check("README example: top-k matches torch.sort, graph replay equals eager",
+            p.stdout.count(": True") == 2, p.stdout[-2000:])
+
+
 # ---------------------------------------------------------------------------
 def run_case(args, name, dev, summary):
     fixture, deploy = CASES[name]
@@ -930,6 +948,8 @@ def run_case(args, name, dev, summary):
             o.close()
         if name == args.cases[0]:
             R.guard("misses", misses, args, config, deploy, dev)
+        if name == "v32":
+            R.guard("README example", readme_example, daemon.sock)
         dep.close()
     finally:
         daemon.stop()
