@@ -13,6 +13,12 @@
 #   indexer.log/json indexer_logits / indexer_topk vs _scaled_mm, torch,
 #                    Triton and torch.topk; QGMMA count of the prefill cubin;
 #                    the decode keys again beside a copy before and after
+#   ops.log          the serving contract (issue 22): test_ops on the GPU,
+#                    the README's C example against a real kwarmd, and
+#                    kwarm.torch (tests/python/gpu_ops.py: every op against
+#                    its reference, the DSA pipelines eager, graphed and
+#                    under torch.compile, capture misses)
+# ONLY=ops runs the serving contract's part alone.
 set -uo pipefail
 BUILD=${BUILD:-build-gpu}
 OUT=${OUT:-gpu-out}
@@ -22,6 +28,34 @@ export LD_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:
 status=0
 
 nvidia-smi -L | tee "$OUT/device.txt"
+
+# The serving contract: C through kw_ops, then kwarm.torch, against one
+# kwarmd that really compiles (its cache in /tmp, 16 compile workers).
+ops_check() {
+  local d=/tmp/kw-ops-gpu
+  rm -rf "$d" && mkdir -p "$d"
+  "$BUILD/test_ops" --jobs 1 --filter 'ops/on_a_gpu*' || status=1
+  "$BUILD/kwarmd" --socket "$d/s.sock" --cache "$d/cache" --jobs 16 \
+    > "$d/kwarmd.log" 2>&1 &
+  local pid=$!
+  for _ in $(seq 100); do [ -S "$d/s.sock" ] && break; sleep 0.1; done
+  if [ -x "$BUILD/serve" ]; then
+    echo "\$ serve tests/fixtures/deepseek-v3.2-exp.json"
+    KWARM_SOCKET="$d/s.sock" LD_LIBRARY_PATH="$BUILD/prefix/lib:$LD_LIBRARY_PATH" \
+      "$BUILD/serve" tests/fixtures/deepseek-v3.2-exp.json || status=1
+  fi
+  if [ -f tests/python/gpu_ops.py ]; then
+    KWARM_SOCKET="$d/s.sock" KWARM_LIBRARY="$BUILD/libkwarm.so" \
+      PYTHONPATH=client/python PYTHONUNBUFFERED=1 \
+      python3 tests/python/gpu_ops.py --socket "$d/s.sock" || status=1
+  fi
+  "$BUILD/kwarm" misses --socket "$d/s.sock" | tail -n 5
+  kill "$pid"; wait "$pid"
+  [ -x "$BUILD/bench_ops" ] && { "$BUILD/bench_ops" --json "$OUT/ops_host.json" || status=1; }
+}
+ops_check > "$OUT/ops.log" 2>&1
+tail -n 20 "$OUT/ops.log"
+[ "${ONLY:-}" = ops ] && exit $status
 
 {
   for t in test_cuda test_kcheck test_jit; do
