@@ -365,7 +365,12 @@ def startup(a, res):
             keys = entry["warmup"]["keys"]
             if not a.no_triton and not a.stand_in:
                 tri = {}
-                child = [sys.executable, "-c", TRITON_CHILD, str(int(keys))]
+                # triton.jit reads its kernel's source: the child is a file
+                script = os.path.join(tempfile.mkdtemp(prefix="kw-triton-child-"),
+                                      "triton_child.py")
+                with open(script, "w") as f:
+                    f.write(TRITON_CHILD)
+                child = [sys.executable, script, str(int(keys))]
                 cold = []
                 for _ in range(max(1, a.runs // 2)):      # cold runs are slow
                     cache = tempfile.mkdtemp(prefix="kw-triton-")
