@@ -69,9 +69,12 @@ typedef struct kw_ops_opts {
     void *log_ctx;
 } kw_ops_opts;
 
-/* Connects to kwarmd, warms the deployment (unless no_warmup), reads its
- * keys and loads every key of opts->arch into opts->cuda (or records its
- * cubin's size when a stand-in device is given).  Returns 0 with *out
+/* Connects to kwarmd, reads the deployment's keys, fetches and loads
+ * every key of opts->arch into opts->cuda (or records its cubin's size
+ * when a stand-in device is given); when kwarmd lacks some, warms the
+ * deployment (it compiles them; with no_warmup the load fails with
+ * KW_ENOTFOUND naming the first) and fetches those.  So a warm kwarmd
+ * costs a keys request and one get per key.  Returns 0 with *out
  * set, or: KW_EINVAL (a missing option; a deployment of several ranks
  * with dcp_rank "all"; an arch the deployment does not list), KW_ECONFIG
  * / KW_EDEPLOY (the daemon's verdict on the model or deployment), KW_ENVRTC

@@ -225,9 +225,15 @@ static int key_fields(const cJSON *key, int *fam, int64_t *fields)
     return 0;
 }
 
-static int load_keys(kw_ops *o, const cJSON *doc, char *err, size_t errlen)
+/* Fetches and loads every key of doc for o's arch not loaded yet.  A key
+ * kwarmd does not hold (KW_ENOTFOUND) is left out and counted in
+ * *missing, its name kept in err; any other failure fails the load.  o
+ * is not shared yet: the table is walked without its lock. */
+static int load_keys(kw_ops *o, const cJSON *doc, size_t *missing,
+                     char *err, size_t errlen)
 {
     const cJSON *key;
+    *missing = 0;
     cJSON_ArrayForEach(key, cJSON_GetObjectItemCaseSensitive(doc, "keys")) {
         const char *arch = cJSON_GetStringValue(
             cJSON_GetObjectItemCaseSensitive(key, "arch"));
@@ -238,10 +244,17 @@ static int load_keys(kw_ops *o, const cJSON *doc, char *err, size_t errlen)
         if (!arch || !digest || key_fields(key, &fam, fields) < 0)
             return fail(err, errlen, KW_EPROTO,
                         "kwarmd's keys document has a malformed key");
-        if (strcmp(arch, o->arch) != 0)
+        if (strcmp(arch, o->arch) != 0 ||
+            kw__ops_find_locked(o, fam, fields))
             continue;
         kw_client_kernel k = {0};
         int rc = kw_client_get(o->client, digest, false, &k);
+        if (rc == KW_ENOTFOUND) {
+            if ((*missing)++ == 0)
+                fail(err, errlen, rc, "%s %.16s is not in kwarmd's cache",
+                     kw_launch_family_name(fam), digest);
+            continue;
+        }
         if (rc < 0)
             return fail(err, errlen, rc, "fetching %s %.16s: %s",
                         kw_launch_family_name(fam), digest,
@@ -291,35 +304,45 @@ static int warmup_failed(const char *result, char *err, size_t errlen)
     return rc;
 }
 
-/* Warmup, keys, fetch and load, on a connected o. */
+/* Warms the deployment through kwarmd: every key not cached compiles. */
+static int warm(kw_ops *o, const kw_ops_opts *opts, const char *dep,
+                char *err, size_t errlen)
+{
+    char *text = NULL;
+    int rc = kw_client_warmup(o->client, opts->config_json, dep, opts->name,
+                              NULL, NULL, &text);
+    if (rc < 0)
+        return fail(err, errlen, rc, "warmup: %s",
+                    kw_client_last_error(o->client));
+    rc = warmup_failed(text, err, errlen);
+    free(text);
+    return rc;
+}
+
+/* Keys, then fetch and load what kwarmd holds; when some are missing,
+ * warm (unless no_warmup: then the first missing key is the error) and
+ * fetch the rest.  A warm kwarmd so costs two requests and the gets. */
 static int load_all(kw_ops *o, const kw_ops_opts *opts, const char *dep,
                     char *err, size_t errlen)
 {
-    int rc;
     char *text = NULL;
-    if (!opts->no_warmup) {
-        rc = kw_client_warmup(o->client, opts->config_json, dep, opts->name,
-                              NULL, NULL, &text);
-        if (rc < 0)
-            return fail(err, errlen, rc, "warmup: %s",
-                        kw_client_last_error(o->client));
-        rc = warmup_failed(text, err, errlen);
-        free(text);
-        if (rc < 0)
-            return rc;
-    }
-    if ((rc = kw_client_keys(o->client, opts->config_json, dep, opts->name,
-                             &text)) < 0)
+    int rc = kw_client_keys(o->client, opts->config_json, dep, opts->name,
+                            &text);
+    if (rc < 0)
         return fail(err, errlen, rc, "keys: %s",
                     kw_client_last_error(o->client));
     cJSON *doc = cJSON_Parse(text);
     free(text);
     if (!doc)
         return fail(err, errlen, KW_EPROTO, "kwarmd's keys: not JSON");
-    rc = fill_deploy(&o->deploy, doc, err, errlen);
-    if (rc == 0)
-        rc = load_keys(o, doc, err, errlen);
+    size_t missing = 0;
+    if ((rc = fill_deploy(&o->deploy, doc, err, errlen)) == 0 &&
+        (rc = load_keys(o, doc, &missing, err, errlen)) == 0 && missing &&
+        !opts->no_warmup && (rc = warm(o, opts, dep, err, errlen)) == 0)
+        rc = load_keys(o, doc, &missing, err, errlen);
     cJSON_Delete(doc);
+    if (rc == 0 && missing)
+        return KW_ENOTFOUND; /* err names the first: no_warmup, or a race */
     return rc;
 }
 

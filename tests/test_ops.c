@@ -330,6 +330,19 @@ Test(ops, refuses_a_deployment_it_cannot_serve_before_any_work)
         cr_assert_null(x);
         cr_assert(strstr(err, bad[i].names), "%s: %s", bad[i].dep, err);
     }
+    /* Fetch only, from a kwarmd that has not compiled this deployment. */
+    kw_ops_opts cold = {.socket = d.sock, .config_json = config,
+                        .deployment_json = "{\"dcp_world\": 4, "
+                                           "\"dcp_rank\": 3}",
+                        .arch = "sm_90", .device = &dev, .no_warmup = true};
+    char cerr[512] = "";
+    kw_ops *y = NULL;
+    cr_assert_eq(kw_ops_load(&y, &cold, cerr, sizeof(cerr)), KW_ENOTFOUND,
+                 "%s", cerr);
+    cr_assert(strstr(cerr, "is not in kwarmd's cache"), "%s", cerr);
+    cold.no_warmup = false; /* the same, warming: served */
+    cr_assert_eq(kw_ops_load(&y, &cold, cerr, sizeof(cerr)), 0, "%s", cerr);
+    kw_ops_free(y);
     kw_ops_opts none = {.socket = d.sock, .config_json = config};
     char err[256] = "";
     kw_ops *x = NULL;
