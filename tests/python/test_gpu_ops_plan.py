@@ -8,6 +8,7 @@ deployment's warmed keys (issue 22 point 3, seen from Python).
 Needs torch (skipped in one line without it), KWARMD and KWARM_LIBRARY.
 """
 import os
+import tempfile
 import unittest
 
 try:
@@ -16,6 +17,9 @@ except ImportError:
     raise unittest.SkipTest("torch is not importable: gpu_ops.py plan skipped")
 
 from test_client import Kwarmd
+
+# kwarm.torch keeps its generated code in a cache directory: a private one
+os.environ.setdefault("KWARM_CACHE_DIR", tempfile.mkdtemp(prefix="kw-test-cache-"))
 
 G = kt = REAL = None
 launches = []

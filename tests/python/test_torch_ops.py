@@ -11,6 +11,7 @@ test` sets them.
 """
 import json
 import os
+import tempfile
 import unittest
 
 try:
@@ -21,6 +22,9 @@ except ImportError:
 import kwarm_client
 import kw_calls
 from test_client import Kwarmd
+
+# kwarm.torch keeps its generated code in a cache directory: a private one
+os.environ.setdefault("KWARM_CACHE_DIR", tempfile.mkdtemp(prefix="kw-test-cache-"))
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -393,6 +397,38 @@ class Compile(Base):
                 opcheck(self.alloc_op(op).default,
                         tuple(kw_calls.alloc_args(args, kinds(op))),
                         test_utils=("test_schema", "test_faketensor"))
+
+
+class CodeCache(unittest.TestCase):
+    """The generated per-op code is kept in KWARM_CACHE_DIR; a cached file
+    that is not a code object is replaced, never executed."""
+
+    def test_cached_then_reused_and_a_bad_file_replaced(self):
+        import marshal
+        import subprocess
+        import sys
+        d = tempfile.mkdtemp(prefix="kw-cache-")
+        env = dict(os.environ, KWARM_CACHE_DIR=d)
+        code = ("import torch, kwarm.torch as k; print(sorted(k.SCHEMAS.values())); "
+                "print(torch.ops.kwarm.indexer_topk_out.default._schema)")
+
+        def run():
+            p = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                               text=True, env=env, timeout=300)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            return p.stdout
+        first = run()
+        files = [f for f in os.listdir(d) if f.endswith(".marshal")]
+        self.assertEqual(len(files), 1, os.listdir(d))
+        path = os.path.join(d, files[0])
+        self.assertEqual(run(), first)
+        for bad in (b"\x00not marshal", marshal.dumps(42)):
+            with open(path, "wb") as f:
+                f.write(bad)
+            self.assertEqual(run(), first)
+            with open(path, "rb") as f:
+                self.assertEqual(type(marshal.load(f)).__name__, "code")
+        self.assertIn("def _out_indexer_topk(", kt.source("indexer_topk"))
 
 
 class Misses(unittest.TestCase):

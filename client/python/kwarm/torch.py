@@ -41,10 +41,13 @@ dtype and shape of each tensor argument, below, and the import fails if
 the two disagree.
 """
 import ctypes
+import hashlib
 import json
 import logging
+import marshal
 import os
 import struct
+import sys
 import threading
 
 import torch
@@ -171,6 +174,20 @@ def _fallback(first):
                                                   _DEPLOYED.values())))
 
 
+def _fake_deployment(first):
+    """The deployment whose settings (topk, W) a fake call reads: the one
+    on first's device, else any when all agree (a meta tensor has no
+    device of its own), else the error _fallback gives."""
+    d = _DEPLOYED.get(first.get_device()) if isinstance(first, torch.Tensor) else None
+    if d is not None:
+        return d
+    deps = list(_DEPLOYED.values())
+    if deps and all((x.topk, x.dcp_world) == (deps[0].topk, deps[0].dcp_world)
+                    for x in deps):
+        return deps[0]
+    return _fallback(first)
+
+
 _TLS = threading.local()
 
 
@@ -274,10 +291,13 @@ def _gen_op(opi, name, args):
         alloc_params.append("with_" + a if k == _lib.OPT_OUT else a)
     src = []
 
-    def head(lines):
-        lines.append("    _d = _DEPLOYED.get(%s.get_device()) if isinstance(%s, "
-                     "_Tensor) else None" % (first, first))
-        lines.append("    if _d is None: _d = _fallback(%s)" % first)
+    def head(lines, fake=False):
+        if fake:
+            lines.append("    _d = _fake_deployment(%s)" % first)
+        else:
+            lines.append("    _d = _DEPLOYED.get(%s.get_device()) if isinstance(%s, "
+                         "_Tensor) else None" % (first, first))
+            lines.append("    if _d is None: _d = _fallback(%s)" % first)
         lines.append("    _dev = _d.device_index; topk = _d.topk; W = _d.dcp_world")
 
     # The mutating form: checks, one pack, one kw_ops_run.
@@ -335,7 +355,7 @@ def _gen_op(opi, name, args):
 
     # Fakes: dtype and shape checks only (no device, no launch).
     body = ["def _fake_out_%s(%s):" % (name, ", ".join(names))]
-    head(body)
+    head(body, True)
     for a, k in args:
         if k in _TENSOR_KINDS:
             _tensor_checks(name, a, k, spec[a], body, full=False)
@@ -343,7 +363,7 @@ def _gen_op(opi, name, args):
     src.append("\n".join(body))
 
     body = ["def _fake_alloc_%s(%s):" % (name, ", ".join(alloc_params))]
-    head(body)
+    head(body, True)
     for a, k in args:
         if k in (_lib.IN, _lib.OPT_IN):
             _tensor_checks(name, a, k, spec[a], body, full=False)
@@ -379,6 +399,7 @@ def _schema(name, args, out_form):
 
 _NS = {
     "_DEPLOYED": _DEPLOYED, "_fallback": _fallback, "_bad": _bad,
+    "_fake_deployment": _fake_deployment,
     "_TLS": _TLS, "_call_blocks": _call_blocks, "_Tensor": torch.Tensor,
     "_I32": I32, "_I64": I64, "_F32": F32, "_FP8": FP8,
     "_RUN": LIB.kw_ops_run,
@@ -387,11 +408,57 @@ _NS = {
     "_GETDEV": torch._C._cuda_getDevice
     if hasattr(torch._C, "_cuda_getDevice") else (lambda: -1),
 }
-SOURCE = {}
+
+
+def source(op=None):
+    """The generated Python of op (every op when None), as executed."""
+    names = [n for n, _ in OPS] if op is None else [op]
+    return "\n".join(_gen_op(i, n, a) for i, (n, a) in enumerate(OPS) if n in names)
+
+
+def _cache_dir():
+    d = os.environ.get("KWARM_CACHE_DIR")
+    if d:
+        return d
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"),
+                                                            ".cache")
+    return os.path.join(base, "kwarm")
+
+
+def _ops_code():
+    """The compiled per-op code.  Generating and compiling it costs tens of
+    ms, most of a rank's start-up, so the code object is kept (marshal) in
+    the cache directory ($KWARM_CACHE_DIR, else $XDG_CACHE_HOME/kwarm or
+    ~/.cache/kwarm) under a digest of everything it is made from: the C
+    argument table, SPECS, this file and the interpreter's version.  A
+    cache that cannot be read or written is only slower."""
+    with open(__file__, "rb") as f:
+        me = f.read()
+    key = hashlib.sha256(repr((OPS, sorted((k, repr(v)) for k, v in SPECS.items()),
+                               sys.version, torch.__version__)).encode() + me).hexdigest()
+    path = os.path.join(_cache_dir(), "torch-ops-%s.marshal" % key[:32])
+    try:
+        with open(path, "rb") as f:
+            code = marshal.load(f)
+        if isinstance(code, type(_ops_code.__code__)):
+            return code
+    except (OSError, EOFError, ValueError, TypeError):
+        pass
+    code = compile(source(), "<kwarm.torch ops>", "exec")
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = "%s.%d.tmp" % (path, os.getpid())
+        with open(tmp, "wb") as f:
+            marshal.dump(code, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return code
+
+
 for _i, (_name, _args) in enumerate(OPS):
     _NS["_PACK_%d" % _i] = struct.Struct("=%dq" % len(_args)).pack_into
-    SOURCE[_name] = _gen_op(_i, _name, _args)
-    exec(compile(SOURCE[_name], "<kwarm.torch %s>" % _name, "exec"), _NS)
+exec(_ops_code(), _NS)
 
 # Direct entry points (no torch dispatcher): kwarm.torch.direct.NAME_out(...)
 # takes the same arguments as torch.ops.kwarm.NAME_out.
@@ -411,8 +478,6 @@ for _name, _ in OPS:
 # measured 23 us per call for custom_op against 4.5-4.8 us for this).
 # ---------------------------------------------------------------------------
 _LIBRARY = torch.library.Library("kwarm", "DEF")
-_register_fake = getattr(torch.library, "register_fake", None) or \
-    torch.library.impl_abstract
 SCHEMAS = {}
 for _name, _args in OPS:
     for _out in (True, False):
@@ -425,9 +490,11 @@ for _name, _args in OPS:
         # the argument checks on hosts without a GPU.
         for _key in ("CUDA", "CPU"):
             _LIBRARY.impl(_op, _fn, _key)
-        _register_fake("kwarm::" + _op, _NS[("_fake_out_" if _out else
-                                             "_fake_alloc_") + _name],
-                       lib=_LIBRARY)
+        # The fake implementation, as the Meta kernel that FakeTensorMode
+        # and torch.compile run: shapes from the sizes alone.  (register_fake
+        # gives the same, at about 1 ms an op of import time for inspect.)
+        _LIBRARY.impl(_op, _NS[("_fake_out_" if _out else "_fake_alloc_") + _name],
+                      "Meta")
 
 
 # ---------------------------------------------------------------------------
