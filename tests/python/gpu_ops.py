@@ -3,12 +3,12 @@
 the DSA indexer pipelines eager, in a CUDA graph and under torch.compile,
 and the miss rules.
 
-usage: gpu_ops.py --kwarmd build/kwarmd [--out DIR] [--jobs N] [--seed S]
-                  [--case v32|v4 ...]
+usage: gpu_ops.py [--kwarmd build/kwarmd | --socket PATH] [--out DIR]
+                  [--jobs N] [--seed S] [--case v32|v4 ...]
 
 For each case (DeepSeek-V3.2 at dcp_world 2, rank 1; DeepSeek-V4-Flash at
-its defaults) it starts a kwarmd on a fresh cache, kwarm.torch.load()s the
-rank on torch's current device and:
+its defaults) it starts a kwarmd on a fresh cache (or uses the one at
+--socket), kwarm.torch.load()s the rank on torch's current device and:
 
 1. runs every op at every class its keys cover (compress ratios, slice
    classes, index_conversion's rows, windowed or not, row_starts or not,
@@ -26,7 +26,8 @@ rank on torch's current device and:
    eager), then under torch.compile(fullgraph=True) (equal);
 3. checks that no call was a runtime miss (every class the calls reached
    was warmed);
-4. (first case) on a second kwarmd, loads the rank with
+4. (first case) on a kwarmd of its own (--kwarmd, a fresh cache, so the
+   key is not cached anywhere), loads the rank with
    max_num_batched_tokens 1, so a prefill_chunk_metadata query_slice_stop
    class is not warmed: the call raises RuntimeError during capture and
    leaves the loaded keys as they were; outside capture it is served,
@@ -913,11 +914,21 @@ def readme_example(sock):
 
 
 # ---------------------------------------------------------------------------
+class Existing:
+    """A kwarmd this script did not start (--socket)."""
+
+    def __init__(self, sock):
+        self.sock = sock
+
+    def stop(self):
+        return 0
+
+
 def run_case(args, name, dev, summary):
     fixture, deploy = CASES[name]
     config = os.path.join(ROOT, "tests", "fixtures", fixture)
     R.prefix = "[%s] " % name
-    daemon = Kwarmd(args.kwarmd, jobs=args.jobs)
+    daemon = Existing(args.socket) if args.socket else Kwarmd(args.kwarmd, jobs=args.jobs)
     try:
         t0 = time.perf_counter()
         dep = kt.load(config, deploy or None, socket=daemon.sock, timeout_ms=-1)
@@ -960,6 +971,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kwarmd", default=os.environ.get("KWARMD",
                                                        os.path.join(ROOT, "build", "kwarmd")))
+    ap.add_argument("--socket", default=None,
+                    help="use this kwarmd for the cases (the miss check still "
+                         "starts its own from --kwarmd)")
     ap.add_argument("--out", default=None, help="directory for gpu_ops.json")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--seed", type=int, default=2026)
