@@ -283,6 +283,16 @@ def _gen_op(opi, name, args):
     spec = SPECS[name]
     names = [a for a, _ in args]
     first = names[0]
+    for arg, (_, dims) in spec.items():
+        for dim in dims:
+            if dim == "*":
+                continue
+            unknown = set(compile(dim, "<shape>", "eval").co_names) - set(names) - {
+                "topk", "W", "max", "shape"}
+            if unknown:
+                raise ImportError("kwarm.torch: op %s: the shape of %s names %s, "
+                                  "which libkwarm's arguments %s lack"
+                                  % (name, arg, sorted(unknown), names))
     outs = [(a, k) for a, k in args if k in (_lib.OUT, _lib.OPT_OUT)]
     alloc_params = []
     for a, k in args:
