@@ -47,7 +47,8 @@ ops_check() {
   if [ -f tests/python/gpu_ops.py ]; then
     KWARM_SOCKET="$d/s.sock" KWARM_LIBRARY="$BUILD/libkwarm.so" \
       PYTHONPATH=client/python PYTHONUNBUFFERED=1 \
-      python3 tests/python/gpu_ops.py --socket "$d/s.sock" || status=1
+      python3 tests/python/gpu_ops.py --socket "$d/s.sock" --kwarmd "$BUILD/kwarmd" \
+        --out "$OUT" || status=1
   fi
   "$BUILD/kwarm" misses --socket "$d/s.sock" | tail -n 5
   kill "$pid"; wait "$pid"
