@@ -254,7 +254,7 @@ def host_cost(a, res):
                                                                 sync)
                 keep.append(bare)
                 if not a.no_triton and not stand_in:
-                    nptr = sum(1 for k in kinds if k in (0, 1, 2, 3))
+                    nptr = sum(1 for _, k in kinds if k in (0, 1, 2, 3))
                     nint = len(kinds) - nptr
                     tk = triton_kernel(nptr, nint, tmp)
                     ptr = torch.zeros(16, dtype=torch.int32, device=dev)
