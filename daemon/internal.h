@@ -268,6 +268,9 @@ struct kw__conn {
     bool reading;     /* uv_read_start in effect */
     bool throttled;   /* queued passed --max-output: reading stopped */
     bool refusing;    /* refused: an error frame out, input drained */
+    bool broken;      /* a frame broke the protocol: its ERROR frame is
+                         out, nothing more is read or served; it closes
+                         once that frame is written */
     bool in_backlog;
     uid_t uid;
     gid_t gid;

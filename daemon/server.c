@@ -100,7 +100,7 @@ void kw__conn_close(kw__conn *c)
  * queue under its cap, not closing.  A refused connection only drains. */
 static void update_reading(kw__conn *c)
 {
-    bool want = !c->closing && !c->l->stopping &&
+    bool want = !c->closing && !c->l->stopping && !c->broken &&
                 (c->refusing || (c->active == NULL && !c->throttled));
     if (want && !c->reading)
         uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read);
@@ -384,7 +384,9 @@ void kw__conn_refuse(kw__conn *c, int code, const char *msg)
 /* ---- the backlog: pipelined frames left after a read ------------------- */
 
 /* A frame that broke the protocol: one ERROR frame (naming both versions
- * when only the version is wrong), then the connection closes. */
+ * when only the version is wrong), then reading stops for good and the
+ * connection closes once the frame is written: whatever else the peer
+ * sent is never parsed, logged or counted (issue 23). */
 static void protocol_error(kw__conn *c, int rc)
 {
     char esc[KW_PROTO_ESCAPE_CAP], msg[128];
@@ -396,8 +398,10 @@ static void protocol_error(kw__conn *c, int rc)
         snprintf(msg, sizeof msg, "protocol version %u is not supported: "
                  "kwarmd speaks version %u", kw_proto_frame_version(c->buf, c->len),
                  KW_PROTO_VERSION);
-    kw__conn_error(c, rc, rc == KW_EVERSION ? msg : NULL, true);
+    c->broken = true;
     c->len = 0;
+    update_reading(c);
+    kw__conn_error(c, rc, rc == KW_EVERSION ? msg : NULL, true);
 }
 
 /* Runs each connection of the backlog once more (KW__FRAMES_PER_READ
@@ -442,7 +446,7 @@ static void backlog_add(kw__conn *c)
 static bool may_serve(const kw__conn *c)
 {
     return !c->closing && !c->active && !c->throttled && !c->refusing &&
-           !c->l->stopping;
+           !c->broken && !c->l->stopping;
 }
 
 /* Parses and serves buffered requests, at most KW__FRAMES_PER_READ per
@@ -497,7 +501,7 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b)
     }
     /* UV_ENOBUFS (a full buffer: impossible for valid requests, which
      * parse before the cap), EOF and errors all end the connection. */
-    if (c->refusing)
+    if (c->refusing || c->broken)
         return;
     c->len += (size_t)n;
     uv_timer_again(&c->idle);
