@@ -26,7 +26,7 @@ static int stream_entries(kw__req *r, cJSON *doc, const char *member)
         for (size_t n = 0; out != NULL && n < KW__STREAM_KEYS && arr->child; n++)
             cJSON_AddItemToArray(out, cJSON_DetachItemViaPointer(arr, arr->child));
         if (rc == 0)
-            kw__req_send(r, KW_PROTO_PROGRESS, h, false);
+            rc = kw__req_progress(r, h); /* parks while the client is slow */
         cJSON_Delete(h);
     }
     cJSON_Delete(arr);
@@ -82,15 +82,15 @@ void kw__run_ls(kw__req *r)
     cJSON *doc = NULL;
     int rc = read_filter(r->d, r->header, &f, digest, err, sizeof err);
     if (rc < 0) {
-        kw__req_error(r, rc, err, true);
+        kw__req_error(r, rc, err);
         return;
     }
     if ((rc = kw_warm_ls(r->d->cache, &f, &doc)) == 0)
         rc = stream_entries(r, doc, "entries");
     if (rc < 0)
-        kw__req_error(r, rc, NULL, true);
+        kw__req_error(r, rc, NULL);
     else
-        kw__req_send(r, KW_PROTO_RESULT, doc, true);
+        kw__req_finish(r, KW_PROTO_RESULT, doc);
     cJSON_Delete(doc);
 }
 
@@ -116,9 +116,9 @@ void kw__run_evict_match(kw__req *r, const cJSON *match)
         rc = stream_entries(r, doc, "entries");
     }
     if (rc < 0)
-        kw__req_error(r, rc, err[0] ? err : NULL, true);
+        kw__req_error(r, rc, err[0] ? err : NULL);
     else
-        kw__req_send(r, KW_PROTO_RESULT, doc, true);
+        kw__req_finish(r, KW_PROTO_RESULT, doc);
     cJSON_Delete(doc);
 }
 
@@ -127,9 +127,9 @@ void kw__run_pins(kw__req *r)
     cJSON *doc = NULL;
     int rc = kw_warm_pins(r->d->cache, &doc);
     if (rc < 0)
-        kw__req_error(r, rc, NULL, true);
+        kw__req_error(r, rc, NULL);
     else
-        kw__req_send(r, KW_PROTO_RESULT, doc, true);
+        kw__req_finish(r, KW_PROTO_RESULT, doc);
     cJSON_Delete(doc);
 }
 
@@ -146,10 +146,9 @@ void kw__run_unpin(kw__req *r)
     else if (rc == KW_EINVAL)
         snprintf(err, sizeof err, "unpin: \"name\" must be a string");
     if (rc < 0)
-        kw__req_error(r, rc, rc == KW_ENOTFOUND || rc == KW_EINVAL ? err : NULL,
-                      true);
+        kw__req_error(r, rc, rc == KW_ENOTFOUND || rc == KW_EINVAL ? err : NULL);
     else
-        kw__req_send(r, KW_PROTO_RESULT, doc, true);
+        kw__req_finish(r, KW_PROTO_RESULT, doc);
     cJSON_Delete(doc);
 }
 
@@ -162,11 +161,10 @@ void kw__run_resize(kw__req *r)
                  ? kw_warm_resize(r->d->cache, (uint64_t)v->valuedouble, &doc)
                  : KW_EINVAL;
     if (rc == KW_EINVAL)
-        kw__req_error(r, rc, "resize: \"max_size\" must be bytes in [1M, 16T]",
-                      true);
+        kw__req_error(r, rc, "resize: \"max_size\" must be bytes in [1M, 16T]");
     else if (rc < 0)
-        kw__req_error(r, rc, kw_cache_last_error(r->d->cache), true);
+        kw__req_error(r, rc, kw_cache_last_error(r->d->cache));
     else
-        kw__req_send(r, KW_PROTO_RESULT, doc, true);
+        kw__req_finish(r, KW_PROTO_RESULT, doc);
     cJSON_Delete(doc);
 }

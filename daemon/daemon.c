@@ -41,6 +41,7 @@ void kw_daemon_opts_init(kw_daemon_opts *o)
     o->idle_timeout_ms = 60 * 1000;         /* silent clients go after 60 s */
     o->max_output = 16u << 20;              /* replies queued per connection */
     o->max_connections = 1024;              /* open connections at once */
+    o->max_keys_in_flight = 2000000;        /* keys of requests under way */
     o->max_held_reads = 64;                 /* snapshots held by replies */
     o->held_read_timeout_ms = 5000;         /* and for how long at most */
     o->loops = n >= 12 ? (unsigned)(n / 4 < 8 ? n / 4 : 8) : 2; /* serving

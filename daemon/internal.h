@@ -19,6 +19,7 @@
 #include "kw_remote.h"
 #include "kw_warm.h"
 #include "metrics.h"
+#include "stream.h"
 
 #define KW__FRAMES_PER_READ 16   /* requests parsed per read callback */
 #define KW__FLUSH_MS 2000        /* cache hit flush period */
@@ -31,7 +32,6 @@
                                     PROGRESS frame (heartbeat.c) */
 
 typedef struct kw__conn kw__conn;
-typedef struct kw__req kw__req;
 typedef struct kw__loop kw__loop;
 typedef struct kw__hits kw__hits;
 struct write_req; /* server.c's */
@@ -75,19 +75,6 @@ uint64_t kw__audit_now(void);
 /* Reads {"family", "fields": {...}, "arch"} into k (digest computed);
  * 0, or KW_EINVAL with the field at fault in err (handlers.c). */
 int kw__key_from_json(const cJSON *h, kw_keys_key *k, char *err, size_t errlen);
-
-/* A frame for a connection, or the end of its request, made on any thread
- * and handed to the loop thread by kw__daemon_post(). */
-typedef struct kw__out {
-    struct kw__out *next;
-    kw__req *req;       /* the request it belongs to */
-    uint8_t *frame;     /* an encoded frame (owned), or NULL */
-    size_t len;
-    bool done;          /* the request is over after this */
-    /* Runs on the loop thread before the request ends (done only); for a
-     * get, which answers from the cache on the loop. */
-    void (*on_loop)(kw__req *r);
-} kw__out;
 
 /* A loop thread that serves connections (--loops of them, loops.c).  The
  * main loop accepts each peer and hands its socket to the loops in turn;
@@ -166,6 +153,9 @@ typedef struct kw__daemon {
     _Atomic uint64_t held_expired; /* connections closed for one */
     _Atomic uint64_t held_copied;  /* replies copied out: the cap was full */
     _Atomic size_t nconns; /* open connections over all loops */
+    _Atomic uint64_t keys_in_flight; /* keys of requests not yet over
+                                        (--max-keys-in-flight) */
+    _Atomic uint64_t refused_keys;   /* requests refused for that budget */
     bool stopping;         /* the main loop's: a signal came */
     bool listening;
     bool bound; /* we created the socket file (not systemd) */
@@ -188,6 +178,9 @@ struct kw__req {
     cJSON *header;     /* the request's JSON, owned */
     kw__req *next;     /* in the job queue */
     kw_warm_job *job;  /* get: the warm job (loop thread; released at the end) */
+    kw__stream *s;     /* its reply stream (stream.h), made when admitted */
+    size_t keys_charged; /* keys counted in d->keys_in_flight (set by the
+                            job thread, released by the loop at the end) */
     bool failed;       /* answered by an ERROR frame (the metrics) */
     _Atomic bool aborted; /* the connection closed: stop what can stop */
     double t0;
@@ -216,12 +209,28 @@ struct kw__req {
     uint64_t requests, protocol_errors, refused, refused_full;
 };
 
-/* Sends a frame of type with header h for r (encoded here, on any thread;
- * an encoding failure sends an error frame instead); done ends r. */
-void kw__req_send(kw__req *r, uint16_t type, const cJSON *h, bool done);
+/* Streams one PROGRESS frame with header h for r (any producer thread
+ * but warm's: it parks while r's stream is over its budget).  Returns 0,
+ * -ECANCELED (the client left: stop producing) or KW_ENOMEM (the frame
+ * is lost; r's final frame will be an ERROR). */
+int kw__req_progress(kw__req *r, const cJSON *h);
 
-/* Sends an ERROR frame for r (msg NULL: kw_strerror(code)); done ends r. */
-void kw__req_error(kw__req *r, int code, const char *msg, bool done);
+/* The same from a warm callback: never parks; pauses r's warm job once
+ * the stream's budget is full (resumed when the socket drains). */
+int kw__req_progress_nowait(kw__req *r, const cJSON *h);
+
+/* Ends r with a frame of type and header h (h NULL, or one that cannot
+ * be encoded: an out-of-memory ERROR).  Never allocates past encoding,
+ * never parks: exactly one final frame per request. */
+void kw__req_finish(kw__req *r, uint16_t type, const cJSON *h);
+
+/* Ends r with an ERROR frame (msg NULL: kw_strerror(code)).  An ERROR is
+ * always final. */
+void kw__req_error(kw__req *r, int code, const char *msg);
+
+/* Charges n keys of r against the daemon-wide --max-keys-in-flight; 0,
+ * or -EBUSY with a message naming the budget in err. */
+int kw__req_charge_keys(kw__req *r, size_t n, char *err, size_t errlen);
 
 /* Derives the keys of a keys or warmup request's model and deployment;
  * 0, or a code with the message in err (requests.c). */
@@ -279,7 +288,7 @@ struct kw__conn {
 
 /* Hands out to the loop thread: its frame is sent (unless the connection
  * closed meanwhile), then, when out->done, the request ends.  Any thread;
- * takes out (malloc'd) and its frame. */
+ * takes out (malloc'd, or the stream's fin when done) and its frame. */
 void kw__daemon_post(kw__out *out);
 
 /* Called by server.c on the loop thread when the connection of an active
@@ -352,6 +361,11 @@ void kw__conn_refuse(kw__conn *c, int code, const char *msg);
  * written. */
 void kw__conn_send_frame(kw__conn *c, uint8_t *frame, size_t len,
                          bool close_after);
+
+/* The same for a frame charged to stream s: uncharged once written or
+ * dropped (kw__stream_uncharge). */
+void kw__conn_send_charged(kw__conn *c, uint8_t *frame, size_t len,
+                           bool close_after, kw__stream *s);
 
 /* Sends one frame to c (header encoded, payload copied into the frame). */
 void kw__conn_send(kw__conn *c, uint16_t type, const cJSON *header,

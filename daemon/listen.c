@@ -161,24 +161,31 @@ void kw__daemon_post(kw__out *o)
 }
 
 /* Sends or drops one posted item, then ends its request when done.  While
- * stopping, the connection closes after a request's last frame. */
+ * stopping, the connection closes after a request's last frame.  A
+ * charged frame is uncharged from the request's stream once written or
+ * dropped; the final item is the stream's own envelope (not freed). */
 static void deliver(kw__loop *l, kw__out *o)
 {
     kw__req *r = o->req;
     kw__conn *c = kw__req_conn(r);
-    bool close_after = o->done && l->stopping;
+    bool done = o->done, close_after = done && l->stopping;
     if (o->on_loop != NULL)
         o->on_loop(r);
     if (o->frame != NULL && !c->closing)
-        kw__conn_send_frame(c, o->frame, o->len, close_after);
-    else
+        kw__conn_send_charged(c, o->frame, o->len, close_after,
+                              o->charged ? r->s : NULL);
+    else if (o->frame != NULL) {
         free(o->frame);
+        if (o->charged)
+            kw__stream_uncharge(r->s, o->len);
+    }
     if (close_after && o->frame == NULL)
         kw__conn_close(c);
     kw__heartbeat_delivered(r);
-    if (o->done)
-        kw__daemon_request_end(r);
-    free(o);
+    if (!done)
+        free(o);
+    else
+        kw__daemon_request_end(r); /* o is r's stream's: freed with it */
 }
 
 /* The outbox's async callback: drains the whole queue (sends coalesce). */

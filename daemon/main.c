@@ -29,6 +29,7 @@ static const char usage[] =
     "              [--compile-timeout S] [--compile-memory SIZE]\n"
     "              [--compile-helper PATH]\n"
     "              [--max-output SIZE] [--max-connections N] [--deny-root]\n"
+    "              [--max-keys-in-flight N]\n"
     "              [--log-level error|warn|info|debug] [--read-only]\n"
     "              [--allow-uid UID]... [--allow-gid GID]... [--idle-timeout MS]\n"
     "              [--socket-mode MODE]\n"
@@ -60,8 +61,12 @@ static const char usage[] =
     "  --max-connections N open connections at once; the next one gets an\n"
     "                      error frame and is closed (1024)\n"
     "  --max-output SIZE   replies queued for one connection before kwarmd\n"
-    "                      stops reading its requests (16M); one that reads\n"
-    "                      nothing for --idle-timeout is dropped\n"
+    "                      stops reading its requests (16M); a streamed reply\n"
+    "                      waits past it; one that reads nothing for\n"
+    "                      --idle-timeout is dropped\n"
+    "  --max-keys-in-flight N  keys of keys and warmup requests under way in\n"
+    "                      the whole daemon (2000000); a request that would\n"
+    "                      pass it is refused with an error naming the flag\n"
     "  --idle-timeout MS   close connections silent this long (60000)\n"
     "  --max-held-reads N  hits are written from the cache's map without a\n"
     "                      copy; a reply the socket does not take at once\n"
@@ -268,6 +273,17 @@ static int set_max_output(kw_daemon_opts *o, const char *v)
     return rc;
 }
 
+static int set_max_keys(kw_daemon_opts *o, const char *v)
+{
+    uint64_t n;
+    int rc = kw_parse_u64(v, 1ull << 32, &n);
+    if (rc == 0 && n == 0)
+        rc = KW_EINVAL;
+    if (rc == 0)
+        o->max_keys_in_flight = n;
+    return rc;
+}
+
 static int set_loops(kw_daemon_opts *o, const char *v)
 {
     uint64_t n;
@@ -356,6 +372,7 @@ static const struct option_def {
     {"compile-helper", set_compile_helper, "a file path"},
     {"max-output", set_max_output, "a size in [64K, 16G] (bytes, or K/M/G)"},
     {"max-connections", set_max_connections, "an integer in [1, 1000000]"},
+    {"max-keys-in-flight", set_max_keys, "an integer in [1, 4294967296]"},
     {"max-held-reads", set_max_held, "an integer in [0, 128]"},
     {"held-read-timeout", set_held_timeout, "milliseconds in [10, 3600000]"},
     {"deny-root", set_deny_root, "true or false"},

@@ -7,6 +7,7 @@
  */
 #include "internal.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -51,8 +52,8 @@ int kw__req_keys(const cJSON *h, kw_config_model *m, kw_config_deploy *d,
     return rc;
 }
 
-/* Streams set's keys in PROGRESS frames of KW__STREAM_KEYS; 0 or
- * KW_ENOMEM (the frames sent so far stand). */
+/* Streams set's keys in PROGRESS frames of KW__STREAM_KEYS, within the
+ * request's stream budget; 0, KW_ENOMEM or -ECANCELED (the client left). */
 static int stream_keys(kw__req *r, const kw_keys_set *set)
 {
     for (size_t i = 0; i < set->nkeys;) {
@@ -70,8 +71,10 @@ static int stream_keys(kw__req *r, const kw_keys_set *set)
             }
             cJSON_AddItemToArray(arr, k);
         }
-        kw__req_send(r, KW_PROTO_PROGRESS, h, false);
+        int rc = kw__req_progress(r, h); /* parks while the client is slow */
         cJSON_Delete(h);
+        if (rc < 0)
+            return rc;
     }
     return 0;
 }
@@ -90,7 +93,7 @@ static int keys_result(kw__req *r, const kw_config_model *m,
             rc = KW_ENOMEM;
     }
     if (rc == 0)
-        kw__req_send(r, KW_PROTO_RESULT, doc, true);
+        kw__req_finish(r, KW_PROTO_RESULT, doc);
     cJSON_Delete(doc);
     return rc;
 }
@@ -102,10 +105,12 @@ void kw__run_keys(kw__req *r)
     kw_keys_set set = {0};
     char err[KW_CONFIG_ERRLEN];
     int rc = kw__req_keys(r->header, &m, &d, &set, err, sizeof err);
+    if (rc == 0)
+        rc = kw__req_charge_keys(r, set.nkeys, err, sizeof err);
     if (rc == 0 && (rc = stream_keys(r, &set)) == 0)
         rc = keys_result(r, &m, &d, &set);
     if (rc < 0)
-        kw__req_error(r, rc, rc == KW_ENOMEM ? NULL : err, true);
+        kw__req_error(r, rc, rc == KW_ENOMEM || rc == -ECANCELED ? NULL : err);
     kw_keys_set_destroy(&set);
     kw_config_model_destroy(&m);
     kw_config_deploy_destroy(&d);
@@ -172,7 +177,7 @@ void kw__run_stats(kw__req *r)
     uint64_t v[NSTATS];
     int rc = kw_cache_stats_get(r->d->cache, &st);
     if (rc < 0) {
-        kw__req_error(r, rc, NULL, true);
+        kw__req_error(r, rc, NULL);
         return;
     }
     kw_warm_stats_get(r->d->warm, &ws);
@@ -186,10 +191,10 @@ void kw__run_stats(kw__req *r)
         kw__metrics_format(r->d, &st, &ws, &rs, &text, &len) < 0 ||
         cJSON_AddStringToObject(h, "prometheus", text) == NULL) {
         cJSON_Delete(h);
-        h = NULL; /* kw__req_send answers KW_ENOMEM */
+        h = NULL; /* kw__req_finish answers KW_ENOMEM */
     }
     free(text);
-    kw__req_send(r, KW_PROTO_RESULT, h, true);
+    kw__req_finish(r, KW_PROTO_RESULT, h);
     cJSON_Delete(h);
 }
 
@@ -206,7 +211,7 @@ void kw__run_evict(kw__req *r)
     if (rc == 0)
         rc = kw_cache_remove(r->d->cache, digest);
     if (rc < 0 && rc != KW_ENOTFOUND) {
-        kw__req_error(r, rc, rc == KW_EINVAL ? err : NULL, true);
+        kw__req_error(r, rc, rc == KW_EINVAL ? err : NULL);
         return;
     }
     cJSON *h = cJSON_CreateObject();
@@ -214,6 +219,6 @@ void kw__run_evict(kw__req *r)
         cJSON_Delete(h);
         h = NULL;
     }
-    kw__req_send(r, KW_PROTO_RESULT, h, true);
+    kw__req_finish(r, KW_PROTO_RESULT, h);
     cJSON_Delete(h);
 }

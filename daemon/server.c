@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kw_alloc.h"
 #include "kw_err.h"
 #include "log.h"
 
@@ -26,6 +27,7 @@ typedef struct write_req {
     void *payload;    /* owned, sent after frame without a copy; or NULL */
     size_t payload_cap;
     size_t bytes;     /* frame and payload: counted in conn->queued */
+    kw__stream *charge; /* the stream this frame is charged to, or NULL */
     /* A payload written straight from the cache's map: the view (and its
      * read transaction) is held until the write ends, in d's held list,
      * oldest first (held.c's rules, below). */
@@ -177,6 +179,10 @@ void kw__held_check(uv_timer_t *t)
 /* Frees w and what it owns; a held view is released. */
 static void write_free(write_req *w)
 {
+    if (w->charge != NULL) {
+        kw__stream_uncharge(w->charge, w->bytes);
+        kw__stream_unref(w->charge);
+    }
     if (w->view.data != NULL) {
         held_unlink(w->conn->l, w);
         kw_cache_release(&w->view);
@@ -308,19 +314,31 @@ void kw__conn_send_view_frame(kw__conn *c, const uint8_t *frame, size_t len,
     queue_view(c, w, (size_t)n, len, v, first);
 }
 
-void kw__conn_send_frame(kw__conn *c, uint8_t *frame, size_t len,
-                         bool close_after)
+void kw__conn_send_charged(kw__conn *c, uint8_t *frame, size_t len,
+                           bool close_after, kw__stream *s)
 {
-    write_req *w = calloc(1, sizeof *w);
-    if (c->closing || w == NULL) {
-        free(w);
+    write_req *w = c->closing ? NULL : kw_calloc(1, sizeof *w);
+    if (w == NULL) {
         free(frame);
+        if (s != NULL)
+            kw__stream_uncharge(s, len);
+        /* A frame lost out of memory would leave the client waiting for
+         * it: the connection is closed instead (issue 23). */
+        kw__conn_close(c);
         return;
     }
     *w = (write_req){.conn = c, .frame = frame, .close_after = close_after,
-                     .bytes = len};
+                     .bytes = len, .charge = s};
+    if (s != NULL)
+        s->refs++; /* the stream outlives its request while this waits */
     uv_buf_t b = uv_buf_init((char *)frame, (unsigned)len);
     queue_write(c, w, &b, 1);
+}
+
+void kw__conn_send_frame(kw__conn *c, uint8_t *frame, size_t len,
+                         bool close_after)
+{
+    kw__conn_send_charged(c, frame, len, close_after, NULL);
 }
 
 void kw__conn_send(kw__conn *c, uint16_t type, const cJSON *header,

@@ -39,8 +39,9 @@ static size_t settled(const kw__req *r)
 }
 
 /* Sends the batch as one PROGRESS frame and starts a new one.  Out of
- * memory, the batch is lost and an error frame says so (the request
- * goes on: its RESULT still counts every key). */
+ * memory, the batch is lost and the request's final frame becomes an
+ * ERROR saying so (an ERROR is always final: issue 23).  Never parks
+ * warm's thread: past the stream's budget the warm job is paused. */
 static void flush_batch(kw__req *r)
 {
     if (r->batch_n == 0)
@@ -55,11 +56,7 @@ static void flush_batch(kw__req *r)
     r->batch = NULL;
     r->batch_n = r->batch_bytes = 0;
     atomic_store(&r->hb_done, settled(r));
-    if (ok)
-        kw__req_send(r, KW_PROTO_PROGRESS, h, false);
-    else
-        kw__req_error(r, KW_ENOMEM, "warmup: results lost (out of memory)",
-                      false);
+    kw__req_progress_nowait(r, ok ? h : NULL);
     cJSON_Delete(h);
 }
 
@@ -78,9 +75,9 @@ static void send_result(kw__req *r)
         ok = cJSON_AddBoolToObject(h, "pinned", !r->pin_failed) != NULL;
     if (!ok) {
         cJSON_Delete(h);
-        h = NULL; /* kw__req_send answers KW_ENOMEM and ends the request */
+        h = NULL; /* kw__req_finish answers KW_ENOMEM and ends the request */
     }
-    kw__req_send(r, KW_PROTO_RESULT, h, true);
+    kw__req_finish(r, KW_PROTO_RESULT, h);
     cJSON_Delete(h);
 }
 
@@ -206,8 +203,10 @@ void kw__run_warmup(kw__req *r)
                  m.text_config ? m.text_config : "/");
     kw_config_model_destroy(&m);
     kw_config_deploy_destroy(&d);
+    if (rc == 0)
+        rc = kw__req_charge_keys(r, r->set.nkeys, err, sizeof err);
     if (rc < 0) {
-        kw__req_error(r, rc, rc == KW_ENOMEM ? NULL : err, true);
+        kw__req_error(r, rc, rc == KW_ENOMEM ? NULL : err);
         return;
     }
     if (r->set.nkeys == 0) {
@@ -217,23 +216,27 @@ void kw__run_warmup(kw__req *r)
     }
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(r->header, "pin");
     if (name != NULL && !cJSON_IsString(name)) {
-        kw__req_error(r, KW_EINVAL, "warmup: \"pin\" must be a string", true);
+        kw__req_error(r, KW_EINVAL, "warmup: \"pin\" must be a string");
         return;
     }
     /* Nothing is written when the deployment cannot fit beside the pins. */
     if ((rc = kw_warm_plan_check(r->d->cache, r->set.keys, r->set.nkeys, err,
                                  sizeof err)) < 0) {
-        kw__req_error(r, rc, err, true);
+        kw__req_error(r, rc, err);
         return;
     }
-    /* From here the request belongs to warm's callbacks; no handle is
-     * kept (a client that leaves is noticed by the next callback).  The
-     * loop may now send heartbeats (heartbeat.c). */
+    /* From here the request belongs to warm's callbacks; the stream keeps
+     * the job's handle, to pause it past the budget and to cancel it when
+     * the client leaves.  The loop may now send heartbeats (heartbeat.c). */
     atomic_store(&r->hb_total, r->set.nkeys);
+    /* The stream's lock is held across the submit so that no callback
+     * posts before the stream knows the job it may pause (they wait). */
+    pthread_mutex_lock(&r->s->mu);
     rc = kw_warm_submit(r->d->warm, r->set.keys, r->set.nkeys, KW_WARM_PROTECT,
-                        on_result, r, NULL);
+                        on_result, r, &r->s->job);
+    pthread_mutex_unlock(&r->s->mu);
     if (rc == -ECANCELED)
         cancel_all(r);
     else if (rc < 0)
-        kw__req_error(r, rc, NULL, true);
+        kw__req_error(r, rc, NULL);
 }

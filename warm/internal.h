@@ -38,7 +38,11 @@ struct kw_warm_job {
     size_t remaining;      /* results still to deliver */
     _Atomic int refs;      /* pipeline, caller's handle, intake, waiters */
     _Atomic bool cancelled;
-    kw_warm_job *next;     /* intake queue, guarded by w->mu */
+    kw_warm_job *next;     /* intake queue or parked list, guarded by w->mu */
+    struct kw_warm *w;     /* its pipeline */
+    size_t cursor;         /* keys looked up so far (intake thread only) */
+    bool paused;           /* kw_warm_job_pause(): guarded by w->mu */
+    bool parked;           /* on w's parked list: guarded by w->mu */
 };
 
 typedef struct warm_counters {
@@ -54,13 +58,15 @@ typedef struct warm_counters {
 struct kw_warm {
     kw_warm_opts o;
     kw__pool *pool;
-    /* mu guards: intake_head/tail, q_head/q_tail/nqueued, table, ntable,
-     * table_cap, stopping, jobs_active. */
+    /* mu guards: intake_head/tail, parked, q_head/q_tail/nqueued, table,
+     * ntable, table_cap, stopping, jobs_active, and each job's next,
+     * paused and parked. */
     pthread_mutex_t mu;
     pthread_cond_t intake_cv;  /* a job queued, or stopping */
     pthread_cond_t compile_cv; /* a flight queued, or stopping */
     pthread_cond_t idle_cv;    /* jobs_active fell to 0 */
     kw_warm_job *intake_head, *intake_tail;
+    kw_warm_job *parked;       /* paused jobs, off the intake queue */
     flight *q_head, *q_tail;
     size_t nqueued;
     flight **table;

@@ -91,6 +91,18 @@ static int protect(kw_warm *w, kw_warm_job *job)
     return rc;
 }
 
+/* Puts job back at the intake queue's tail; w->mu held. */
+static void intake_push_locked(kw_warm *w, kw_warm_job *job)
+{
+    job->next = NULL;
+    if (w->intake_tail != NULL)
+        w->intake_tail->next = job;
+    else
+        w->intake_head = job;
+    w->intake_tail = job;
+    pthread_cond_signal(&w->intake_cv);
+}
+
 int kw_warm_submit(kw_warm *w, const kw_keys_key *keys, size_t n,
                    unsigned flags, kw_warm_result_fn fn, void *arg,
                    kw_warm_job **out)
@@ -110,6 +122,7 @@ int kw_warm_submit(kw_warm *w, const kw_keys_key *keys, size_t n,
         return KW_ENOMEM;
     }
     job->flags = flags;
+    job->w = w;
     job->fn = fn;
     job->arg = arg;
     pthread_mutex_init(&job->cb_mu, NULL);
@@ -125,14 +138,9 @@ int kw_warm_submit(kw_warm *w, const kw_keys_key *keys, size_t n,
         job_unref(job);
         return -ECANCELED;
     }
-    if (w->intake_tail != NULL)
-        w->intake_tail->next = job;
-    else
-        w->intake_head = job;
-    w->intake_tail = job;
+    intake_push_locked(w, job);
     w->jobs_active++;
     atomic_fetch_add(&w->st.keys, n);
-    pthread_cond_signal(&w->intake_cv);
     pthread_mutex_unlock(&w->mu);
     return 0;
 }
@@ -140,6 +148,35 @@ int kw_warm_submit(kw_warm *w, const kw_keys_key *keys, size_t n,
 void kw_warm_job_cancel(kw_warm_job *job)
 {
     atomic_store(&job->cancelled, true);
+    kw_warm_job_resume(job); /* a parked job reports its keys cancelled */
+}
+
+void kw_warm_job_pause(kw_warm_job *job)
+{
+    pthread_mutex_lock(&job->w->mu);
+    job->paused = true;
+    pthread_mutex_unlock(&job->w->mu);
+}
+
+/* Takes job off the parked list; w->mu held, job->parked. */
+static void unpark_locked(kw_warm *w, kw_warm_job *job)
+{
+    kw_warm_job **p = &w->parked;
+    while (*p != job)
+        p = &(*p)->next;
+    *p = job->next;
+    job->parked = false;
+    intake_push_locked(w, job);
+}
+
+void kw_warm_job_resume(kw_warm_job *job)
+{
+    kw_warm *w = job->w;
+    pthread_mutex_lock(&w->mu);
+    job->paused = false;
+    if (job->parked)
+        unpark_locked(w, job);
+    pthread_mutex_unlock(&w->mu);
 }
 
 void kw_warm_job_release(kw_warm_job *job)
@@ -222,11 +259,14 @@ static void run_add(kw_warm *w, kw_warm_job *job, run *r, size_t i,
         run_flush(w, job, r);
 }
 
-/* Looks up every key of job, in order: hits (and keys cancelled before
- * their lookup) are delivered in runs; misses go to flights. */
-static void intake_job(kw_warm *w, kw_warm_job *job, run *r)
+/* Looks up the next KW_WARM_CHUNK keys of job, in order: hits (and keys
+ * cancelled before their lookup) are delivered in runs; misses go to
+ * flights.  Returns true when keys are left. */
+static bool intake_chunk(kw_warm *w, kw_warm_job *job, run *r)
 {
-    for (size_t i = 0; i < job->n; i++) {
+    size_t end = job->n - job->cursor > KW_WARM_CHUNK ? job->cursor + KW_WARM_CHUNK
+                                                      : job->n;
+    for (size_t i = job->cursor; i < end; i++) {
         if (atomic_load(&job->cancelled) || atomic_load(&w->stopping_flag)) {
             run_add(w, job, r, i, KW_WARM_CANCELLED);
             continue;
@@ -240,10 +280,27 @@ static void intake_job(kw_warm *w, kw_warm_job *job, run *r)
         if (!to_flight(w, job, i))
             run_add(w, job, r, i, KW_WARM_CANCELLED);
     }
+    job->cursor = end;
+    bool left = end < job->n; /* read before the flush may free the job */
     run_flush(w, job, r);
+    return left;
 }
 
-/* The intake thread: one job at a time, in submission order. */
+/* After a chunk of job with keys left: back to the queue's tail (jobs
+ * take turns), or parked while paused (unless cancelled or stopping,
+ * which must report the rest); w->mu held. */
+static void requeue_locked(kw_warm *w, kw_warm_job *job)
+{
+    if (job->paused && !w->stopping && !atomic_load(&job->cancelled)) {
+        job->parked = true;
+        job->next = w->parked;
+        w->parked = job;
+        return;
+    }
+    intake_push_locked(w, job);
+}
+
+/* The intake thread: the queued jobs in turn, a chunk of each. */
 static void *intake_main(void *arg)
 {
     kw_warm *w = arg;
@@ -260,7 +317,11 @@ static void *intake_main(void *arg)
             w->intake_tail = NULL;
         pthread_mutex_unlock(&w->mu);
         atomic_fetch_add(&job->refs, 1); /* held while intake reads it */
-        intake_job(w, job, &r);
+        bool left = intake_chunk(w, job, &r);
+        pthread_mutex_lock(&w->mu);
+        if (left)
+            requeue_locked(w, job);
+        pthread_mutex_unlock(&w->mu);
         job_unref(job);
         pthread_mutex_lock(&w->mu);
     }
@@ -341,6 +402,8 @@ void kw_warm_cancel(kw_warm *w)
     bool first = !w->stopping;
     w->stopping = true;
     atomic_store(&w->stopping_flag, true);
+    while (w->parked != NULL) /* they report their keys cancelled */
+        unpark_locked(w, w->parked);
     pthread_cond_broadcast(&w->intake_cv);
     pthread_cond_broadcast(&w->compile_cv);
     pthread_mutex_unlock(&w->mu);
