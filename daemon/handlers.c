@@ -41,7 +41,7 @@ kw__conn *kw__req_conn(const kw__req *r)
 static kw__req *req_new(kw__conn *c, uint16_t type, const cJSON *hdr)
 {
     kw__req *r = kw_calloc(1, sizeof *r);
-    if (r == NULL || (r->s = kw__stream_new(c->d->opts->max_output)) == NULL ||
+    if (r == NULL || (r->s = kw__stream_new(r, c->d->opts->max_output)) == NULL ||
         (hdr != NULL && (r->header = cJSON_Duplicate(hdr, 1)) == NULL)) {
         if (r != NULL)
             kw__stream_unref(r->s);
@@ -72,6 +72,8 @@ void kw__daemon_request_end(kw__req *r)
     kw__loop *l = c->l; /* c may be freed below */
     kw__daemon *d = r->d;
     kw__metrics_request(d, r->type, !r->failed);
+    if (r->alloc_armed)
+        kw__alloc_hook_done(d);
     if (r->type == KW_PROTO_GET)
         kw__metrics_get(d, (uint64_t)((now_s() - r->t0) * 1e9));
     if (r->type == KW_PROTO_WARMUP)
@@ -80,6 +82,8 @@ void kw__daemon_request_end(kw__req *r)
     atomic_fetch_sub(&d->keys_in_flight, r->keys_charged);
     kw__stream_unref(r->s); /* its writes still queued hold it */
     kw_keys_set_destroy(&r->set);
+    if (r->state_free != NULL)
+        r->state_free(r->state); /* a streaming handler that never ended */
     cJSON_Delete(r->header);
     cJSON_Delete(r->batch);
     free(r->log);
@@ -98,12 +102,13 @@ void kw__daemon_request_abort(kw__req *r)
         kw_warm_job_cancel(r->job); /* nobody will read its results */
 }
 
-void kw__daemon_run_job(kw__req *r)
+bool kw__daemon_run_job(kw__req *r)
 {
     switch (r->type) {
     case KW_PROTO_KEYS:
-        kw__run_keys(r);
-        break;
+        return kw__run_keys(r);
+    case KW_PROTO_LS:
+        return kw__run_ls(r);
     case KW_PROTO_WARMUP:
         kw__run_warmup(r);
         break;
@@ -112,9 +117,6 @@ void kw__daemon_run_job(kw__req *r)
         break;
     case KW_PROTO_MISSES:
         kw__run_misses(r);
-        break;
-    case KW_PROTO_LS:
-        kw__run_ls(r);
         break;
     case KW_PROTO_PINS:
         kw__run_pins(r);
@@ -128,6 +130,7 @@ void kw__daemon_run_job(kw__req *r)
     default:
         kw__run_evict(r);
     }
+    return false;
 }
 
 void kw__daemon_refuse_job(kw__req *r)
@@ -141,6 +144,9 @@ static bool handle_ping(kw__conn *c)
     cJSON *h = cJSON_CreateObject();
     bool ok = h != NULL &&
               cJSON_AddStringToObject(h, "version", c->d->version) != NULL;
+    if (ok && c->d->alloc_hook) /* tests only */
+        ok = cJSON_AddBoolToObject(h, "alloc_fired",
+                                   atomic_load(&c->d->alloc_fired)) != NULL;
     if (!ok)
         kw__conn_error(c, KW_ENOMEM, NULL, false);
     else

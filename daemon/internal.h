@@ -27,6 +27,7 @@
 #define KW__STOP_GRACE_MS 3000   /* after SIGTERM, connections still open
                                     then are closed whatever they wait on */
 #define KW__STREAM_KEYS 256      /* keys or results per streamed frame */
+#define KW__TRIM_KEYS 65536      /* a derivation this big trims the heap */
 #define KW__STREAM_BYTES (256u * 1024u) /* JSON bytes per streamed frame, about */
 #define KW__HEARTBEAT_MS 2000    /* a warmup silent this long gets an empty
                                     PROGRESS frame (heartbeat.c) */
@@ -53,6 +54,8 @@ typedef struct kw__miss {
 
 typedef struct kw__audit {
     pthread_mutex_t mu; /* guards ring, next, n, added, written */
+    pthread_mutex_t flush_mu; /* held by a flush: one at a time; guards
+                                 lines */
     kw__miss *ring;     /* KW__AUDIT_MAX records */
     size_t next, n;
     uint64_t added, written;
@@ -123,8 +126,9 @@ typedef struct kw__daemon {
     const kw_daemon_opts *opts;
     uv_loop_t loop;     /* the main loop: listener, signals, timers */
     uv_pipe_t listener;
-    uv_signal_t sigterm, sigint;
+    uv_signal_t sigterm, sigint, sighup;
     uv_timer_t flush_timer;
+    bool flushing;      /* a flush is queued or running (main loop's) */
     kw__loop *loops;    /* --loops serving loops */
     unsigned nloops, next_loop;
     uv_async_t loop_done; /* a serving loop ended (after a stop) */
@@ -145,6 +149,9 @@ typedef struct kw__daemon {
     uint64_t stop_at;      /* uv_now() of the signal */
     bool stopped;          /* the final close ran */
     bool test_peercred_fail; /* KWARMD_TEST_PEERCRED_FAIL: tests only */
+    bool alloc_hook;         /* KWARMD_TEST_ALLOC_HOOK: tests only */
+    uint64_t alloc_at_stop;  /* KWARMD_TEST_ALLOC_AT_STOP: tests only */
+    _Atomic bool alloc_fired; /* the last armed request's failure happened */
     _Atomic bool warned_max_conn; /* the connection cap was logged, not
                                      yet cleared */
     int remote_down;       /* the fleet tier's state last logged; -1: none */
@@ -179,9 +186,12 @@ struct kw__req {
     kw__req *next;     /* in the job queue */
     kw_warm_job *job;  /* get: the warm job (loop thread; released at the end) */
     kw__stream *s;     /* its reply stream (stream.h), made when admitted */
+    void *state;       /* a yielding handler's state between runs */
+    void (*state_free)(void *state); /* frees it (at the request's end) */
     size_t keys_charged; /* keys counted in d->keys_in_flight (set by the
                             job thread, released by the loop at the end) */
     bool failed;       /* answered by an ERROR frame (the metrics) */
+    bool alloc_armed;  /* the test hook was armed for it (disarmed at end) */
     _Atomic bool aborted; /* the connection closed: stop what can stop */
     double t0;
     /* warmup: its keys and what streamed so far */
@@ -190,6 +200,7 @@ struct kw__req {
     cJSON *batch;      /* results not yet sent */
     size_t batch_n, batch_bytes;
     bool pin_failed;   /* "pin" asked, but the set was not recorded */
+    bool pin_stage;    /* every result is in: a job thread pins, ends it */
     /* warmup's heartbeat (heartbeat.c): frames posted and not yet sent,
      * "done" of the last PROGRESS built, the key count once the keys went
      * to warm (0 before), and (loop thread) uv_now() of the last frame */
@@ -203,7 +214,8 @@ struct kw__req {
     /* the peer, for log lines */
     uid_t uid;
     pid_t pid;
-    char text_config[256]; /* warmup: where the settings were found */
+    char text_config[KW_PROTO_ESCAPE_CAP]; /* warmup: where the settings
+                                              were found, escaped */
     /* stats: the loop's counters when it was asked */
     size_t nconns;
     uint64_t requests, protocol_errors, refused, refused_full;
@@ -214,6 +226,11 @@ struct kw__req {
  * -ECANCELED (the client left: stop producing) or KW_ENOMEM (the frame
  * is lost; r's final frame will be an ERROR). */
 int kw__req_progress(kw__req *r, const cJSON *h);
+
+/* The same for a handler that yields: never waits; returns 1 when the
+ * budget is full after this frame (the handler returns, keeping its
+ * state, and is run again once the socket drained). */
+int kw__req_progress_yield(kw__req *r, const cJSON *h);
 
 /* The same from a warm callback: never parks; pauses r's warm job once
  * the stream's budget is full (resumed when the socket drains). */
@@ -242,13 +259,33 @@ int kw__req_keys(const cJSON *h, kw_config_model *m, kw_config_deploy *d,
 int kw__req_digest(kw_cache *c, const cJSON *h, uint8_t digest[KW_KEYS_DIGEST_LEN],
                    char *err, size_t errlen);
 
+/* A derived key set packed for streaming (keypack.c): 66 bytes a key
+ * instead of 152, in the set's own buffer. */
+typedef struct kw__keypack {
+    uint8_t *buf;      /* packed keys, or NULL */
+    kw_keys_key *keys; /* the set as it was, when a key does not pack */
+    size_t n;
+    char archs[KW_CONFIG_MAX_ARCH][KW_CONFIG_ARCH_LEN];
+    size_t narchs;
+} kw__keypack;
+
+/* Takes set's keys into p (set is left empty). */
+void kw__keypack_take(kw__keypack *p, kw_keys_set *set);
+/* Unpacks key i, whose packed bytes start at off (0 for the first), into
+ * k; returns where key i + 1 starts.  Keys are read in order. */
+size_t kw__keypack_next(const kw__keypack *p, size_t i, size_t off,
+                        kw_keys_key *k);
+void kw__keypack_free(kw__keypack *p);
+
 /* The job handlers (requests.c, warmup.c), on a job thread. */
-void kw__run_keys(kw__req *r);
+/* keys and ls stream with yields: they return true when they yielded
+ * (their state in r->state), and are run again to go on. */
+bool kw__run_keys(kw__req *r);
+bool kw__run_ls(kw__req *r);
 void kw__run_stats(kw__req *r);
 void kw__run_evict(kw__req *r);
 void kw__run_warmup(kw__req *r);
 void kw__run_misses(kw__req *r);
-void kw__run_ls(kw__req *r);
 void kw__run_pins(kw__req *r);
 void kw__run_unpin(kw__req *r);
 void kw__run_resize(kw__req *r);
@@ -309,6 +346,9 @@ kw__conn *kw__req_conn(const kw__req *r);
 extern _Thread_local bool kw__alloc_fail;
 extern uint16_t kw__alloc_fail_type;
 void kw__alloc_hook_init(void);
+/* The test hook's request ended: records whether its failure happened,
+ * and disarms it (jobs.c). */
+void kw__alloc_hook_done(kw__daemon *d);
 
 /* Job threads (jobs.c): start; queue a request (its handler runs there;
  * once cancelled, it is answered "kwarmd is stopping" at once); cancel
@@ -319,8 +359,10 @@ void kw__jobs_push(kw__daemon *d, kw__req *r);
 void kw__jobs_cancel(kw__daemon *d);
 void kw__jobs_stop(kw__daemon *d);
 
-/* Runs request r on a job thread (handlers.c). */
-void kw__daemon_run_job(kw__req *r);
+/* Runs request r on a job thread (handlers.c).  True when its handler
+ * yielded on a full stream budget (the request goes on: see
+ * kw__stream_park); false when it is over or left to warm. */
+bool kw__daemon_run_job(kw__req *r);
 
 /* Answers r with the daemon is stopping, from a job thread. */
 void kw__daemon_refuse_job(kw__req *r);

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kw_alloc.h"
 #include "kw_err.h"
 #include "log.h"
 
@@ -34,6 +35,13 @@ int kw__req_progress(kw__req *r, const cJSON *h)
         return KW_ENOMEM;
     }
     return kw__stream_push(r, frame, len);
+}
+
+int kw__req_progress_yield(kw__req *r, const cJSON *h)
+{
+    size_t len = 0;
+    uint8_t *frame = encode(KW_PROTO_PROGRESS, h, &len);
+    return kw__stream_push_nowait(r, frame, len); /* NULL: marks the hole */
 }
 
 int kw__req_progress_nowait(kw__req *r, const cJSON *h)
@@ -109,7 +117,11 @@ static void *job_main(void *arg)
             kw__daemon_refuse_job(r);
         } else {
             kw__alloc_fail = kw__alloc_fail_type == r->type; /* tests only */
-            kw__daemon_run_job(r);
+            /* A handler that yielded on a full budget goes on at once
+             * when room came meanwhile; else it is parked, and the loop
+             * queues it again (no job thread waits for a slow client). */
+            while (kw__daemon_run_job(r) && kw__stream_park(r))
+                ;
             kw__alloc_fail = false;
         }
         pthread_mutex_lock(&d->job_mu);
@@ -127,7 +139,7 @@ uint16_t kw__alloc_fail_type;
  * fails while this thread serves a request of that type. */
 static void *hook_malloc(size_t n)
 {
-    return kw__alloc_fail ? NULL : malloc(n);
+    return kw__alloc_fail ? NULL : kw_malloc(n);
 }
 
 void kw__alloc_hook_init(void)
@@ -198,4 +210,10 @@ void kw__jobs_stop(kw__daemon *d)
     d->njob_threads = 0;
     pthread_cond_destroy(&d->job_cv);
     pthread_mutex_destroy(&d->job_mu);
+}
+
+void kw__alloc_hook_done(kw__daemon *d)
+{
+    atomic_store(&d->alloc_fired, kw_alloc_failed());
+    kw_alloc_fail_at(0);
 }

@@ -22,6 +22,7 @@
 
 #include <systemd/sd-daemon.h>
 
+#include "kw_alloc.h"
 #include "kw_err.h"
 #include "log.h"
 
@@ -130,7 +131,7 @@ static void on_connection(uv_stream_t *server, int status)
         return;
     /* libuv hands over one accepted socket per callback (uv_accept may be
      * called once), so the per-event work is bounded already. */
-    uv_pipe_t *p = malloc(sizeof *p);
+    uv_pipe_t *p = kw_malloc(sizeof *p);
     uv_os_fd_t fd = -1;
     if (p == NULL)
         return;

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kw_alloc.h"
 #include "kw_err.h"
 
 /* One cached entry, enough to compare with a miss. */
@@ -38,7 +39,7 @@ static int collect(const uint8_t digest[KW_CACHE_DIGEST_LEN],
         return 0; /* another build's family: nothing to compare */
     if (es->n == es->cap) {
         size_t cap = es->cap ? es->cap * 2 : 256;
-        entry *v = realloc(es->v, cap * sizeof *v);
+        entry *v = kw_realloc(es->v, cap * sizeof *v);
         if (v == NULL)
             return KW_ENOMEM;
         es->v = v;

@@ -71,7 +71,7 @@ static void *take_buffer(kw__conn *c, size_t min, size_t *cap)
         c->spare = NULL;
         return b;
     }
-    if ((b = realloc(b, min)) == NULL)
+    if ((b = kw_realloc(b, min)) == NULL)
         return NULL; /* the spare, if any, is still c's */
     c->spare = NULL;
     *cap = min;
@@ -293,8 +293,8 @@ void kw__conn_send_view_frame(kw__conn *c, const uint8_t *frame, size_t len,
     ssize_t n = c->closing ? UV_ECANCELED
                            : write_now(c, (uint8_t *)frame, len, v);
     bool rest = n >= 0 && (size_t)n < len + v->len;
-    write_req *w = rest ? calloc(1, sizeof *w) : NULL;
-    uint8_t *own = w == NULL || owned ? (uint8_t *)frame : malloc(len);
+    write_req *w = rest ? kw_calloc(1, sizeof *w) : NULL;
+    uint8_t *own = w == NULL || owned ? (uint8_t *)frame : kw_malloc(len);
     if (w == NULL || own == NULL) { /* all written at once (the usual
                                        case), or lost */
         if (owned)
@@ -385,7 +385,7 @@ void kw__conn_refuse(kw__conn *c, int code, const char *msg)
      * timer gives up), then close. */
     c->refusing = true;
     kw__conn_error(c, code, msg, false);
-    uv_shutdown_t *req = malloc(sizeof *req);
+    uv_shutdown_t *req = kw_malloc(sizeof *req);
     if (req == NULL) {
         kw__conn_close(c);
         return;
@@ -467,6 +467,20 @@ static bool may_serve(const kw__conn *c)
            !c->broken && !c->l->stopping;
 }
 
+/* Tests only (KWARMD_TEST_ALLOC_HOOK): arms the allocation hook for m
+ * when it asks so ("test_fail_alloc": N). */
+static bool arm_alloc_hook(kw__conn *c, const kw_msg *m)
+{
+    const cJSON *n = c->d->alloc_hook
+                         ? cJSON_GetObjectItemCaseSensitive(m->header,
+                                                            "test_fail_alloc")
+                         : NULL;
+    if (!cJSON_IsNumber(n) || n->valuedouble < 1)
+        return false;
+    kw_alloc_fail_at((uint64_t)n->valuedouble);
+    return true;
+}
+
 /* Parses and serves buffered requests, at most KW__FRAMES_PER_READ per
  * call, stopping while one is under way or the output queue is over its
  * cap; frames left over are served on the next loop iteration (the
@@ -487,7 +501,12 @@ static void process(kw__conn *c)
         }
         c->d->requests++;
         kw__alloc_fail = kw__alloc_fail_type == m.type; /* tests only */
+        bool armed = arm_alloc_hook(c, &m);
         kw__daemon_dispatch(c, &m);
+        if (armed && c->active != NULL)
+            c->active->alloc_armed = true; /* disarmed at its end */
+        else if (armed)
+            kw__alloc_hook_done(c->d);
         kw__alloc_fail = false;
         kw_msg_destroy(&m);
         memmove(c->buf, c->buf + used, c->len - used);
@@ -570,8 +589,8 @@ void kw__conn_start(kw__conn *c, unsigned idle_ms)
 kw__conn *kw__conn_new(kw__loop *l)
 {
     kw__daemon *d = l->d;
-    kw__conn *c = calloc(1, sizeof *c);
-    uint8_t *buf = malloc(KW_PROTO_MAX_REQUEST);
+    kw__conn *c = kw_calloc(1, sizeof *c);
+    uint8_t *buf = kw_malloc(KW_PROTO_MAX_REQUEST);
     if (c == NULL || buf == NULL) {
         free(c);
         free(buf);

@@ -24,7 +24,7 @@ static uint8_t *oom_frame(size_t *len)
     return f;
 }
 
-kw__stream *kw__stream_new(size_t max_bytes)
+kw__stream *kw__stream_new(kw__req *owner, size_t max_bytes)
 {
     kw__stream *s = kw_calloc(1, sizeof *s);
     if (s == NULL)
@@ -42,6 +42,7 @@ kw__stream *kw__stream_new(size_t max_bytes)
         return NULL;
     }
     s->max_bytes = max_bytes;
+    s->owner = owner;
     s->refs = 1;
     return s;
 }
@@ -94,6 +95,22 @@ int kw__stream_push_nowait(kw__req *r, uint8_t *frame, size_t len)
     return post_unlock(r, s, frame, len);
 }
 
+/* Room for a producer to go on: the budget drained to half. */
+static bool room_locked(const kw__stream *s)
+{
+    return s->bytes <= s->max_bytes / 2 && s->frames <= KW__STREAM_FRAMES / 2;
+}
+
+bool kw__stream_park(kw__req *r)
+{
+    kw__stream *s = r->s;
+    pthread_mutex_lock(&s->mu);
+    bool now = s->aborted || room_locked(s);
+    s->parked = !now;
+    pthread_mutex_unlock(&s->mu);
+    return now;
+}
+
 void kw__stream_pause_job(kw__req *r)
 {
     kw__stream *s = r->s;
@@ -144,16 +161,20 @@ void kw__stream_uncharge(kw__stream *s, size_t len)
     pthread_mutex_lock(&s->mu);
     s->bytes -= len;
     s->frames--;
-    bool room = s->bytes <= s->max_bytes / 2 &&
-                s->frames <= KW__STREAM_FRAMES / 2;
+    bool room = room_locked(s);
     kw_warm_job *resume = room && s->paused ? s->job : NULL;
+    kw__req *requeue = room && s->parked ? s->owner : NULL;
     if (resume != NULL)
         s->paused = false;
+    if (requeue != NULL)
+        s->parked = false;
     if (room)
         pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
     if (resume != NULL)
         kw_warm_job_resume(resume);
+    if (requeue != NULL)
+        kw__jobs_push(requeue->d, requeue); /* its handler goes on */
 }
 
 void kw__stream_abort(kw__stream *s)
@@ -161,8 +182,12 @@ void kw__stream_abort(kw__stream *s)
     pthread_mutex_lock(&s->mu);
     s->aborted = true;
     kw_warm_job *job = s->job;
+    kw__req *requeue = s->parked ? s->owner : NULL;
+    s->parked = false;
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
+    if (requeue != NULL)
+        kw__jobs_push(requeue->d, requeue); /* to see the abort and end */
     if (job != NULL)
         kw_warm_job_cancel(job); /* and resumed, when it was paused */
 }

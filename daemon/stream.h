@@ -56,14 +56,19 @@ typedef struct kw__stream {
     bool lost;            /* a frame could not be posted: the final frame
                              is an ERROR that says so */
     kw_warm_job *job;     /* warmup: its warm job (released by the loop) */
+    bool parked;          /* owner's producer yielded on a full budget and
+                             left its job thread: the loop queues it
+                             again once the socket drained */
+    kw__req *owner;       /* the request (valid while it is parked) */
     int refs;             /* the request, and each charged write queued */
     kw__out fin;          /* the final frame's envelope */
     uint8_t *last_resort; /* an out-of-memory ERROR frame, made up front */
     size_t last_resort_len;
 } kw__stream;
 
-/* A new stream with a budget of max_bytes; NULL when out of memory. */
-kw__stream *kw__stream_new(size_t max_bytes);
+/* A new stream of owner with a budget of max_bytes; NULL when out of
+ * memory. */
+kw__stream *kw__stream_new(kw__req *owner, size_t max_bytes);
 
 /* Posts a non-final frame (owned) of r, parking while the budget is full.
  * Returns 0; -ECANCELED (the connection closed: frame dropped, stop
@@ -71,9 +76,17 @@ kw__stream *kw__stream_new(size_t max_bytes);
  * ERROR). */
 int kw__stream_push(kw__req *r, uint8_t *frame, size_t len);
 
-/* As push, but never parks: returns 1 when the budget is now full, so
- * that the caller pauses what produces (see kw__stream_pause_job). */
+/* As push, but never waits: returns 1 when the budget is now full, so
+ * that the caller yields (a job: see kw__stream_park) or pauses what
+ * produces (warm: see kw__stream_pause_job). */
 int kw__stream_push_nowait(kw__req *r, uint8_t *frame, size_t len);
+
+/* A job thread whose handler yielded on r's full budget: true when the
+ * budget has room again (or the client left), so the handler is run again
+ * at once; else r is parked and the loop queues it again when the socket
+ * has drained to half the budget (kw__stream_uncharge).  Either way no job
+ * thread waits for a slow client. */
+bool kw__stream_park(kw__req *r);
 
 /* Pauses r's warm job until the loop drains its stream (warm callback). */
 void kw__stream_pause_job(kw__req *r);

@@ -127,8 +127,8 @@ static void log_failure(const kw_warm_result *res)
 }
 
 /* With "pin": NAME and every key cached, records the deployment's pin set
- * (an LMDB write, here on a warm thread); a failure is sent as an error
- * frame before the RESULT and counted in "pin_failed". */
+ * (an LMDB write, on a job thread: run_pin_stage); a failure is logged and
+ * the RESULT says "pinned": false. */
 static void pin(kw__req *r)
 {
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(r->header, "pin");
@@ -141,6 +141,9 @@ static void pin(kw__req *r)
     }
     if (kw_warm_pin(r->d->cache, name->valuestring, r->set.keys, r->set.nkeys,
                     err, sizeof err) < 0) {
+        for (char *p = err; *p != '\0'; p++) /* it may name the client's pin */
+            if ((unsigned char)*p < 0x20 || *p == 0x7f)
+                *p = '?';
         KW_LOG(KW_LOG_WARNING, "warmup: %s", err);
         r->pin_failed = true;
     }
@@ -172,11 +175,29 @@ static void on_result(const kw_warm_result *res, void *arg)
     if (r->batch_n >= KW__STREAM_KEYS || r->batch_bytes >= KW__STREAM_BYTES ||
         !res->more || res->last)
         flush_batch(r);
-    if (res->last) {
-        pin(r);
-        log_warmup(r);
-        send_result(r);
+    if (!res->last)
+        return;
+    if (cJSON_IsString(cJSON_GetObjectItemCaseSensitive(r->header, "pin")) &&
+        r->count[KW_WARM_FAILED] + r->count[KW_WARM_CANCELLED] == 0) {
+        /* The pin is an LMDB write with an fsync: a job thread makes it,
+         * not warm's thread, where it would hold up every other request's
+         * results (issue 23). */
+        r->pin_stage = true;
+        kw__jobs_push(r->d, r);
+        return;
     }
+    pin(r); /* only marks a partial deployment unpinned */
+    log_warmup(r);
+    send_result(r);
+}
+
+/* The pin stage of a warmup, on a job thread: records the pin set, then
+ * the RESULT. */
+static void run_pin_stage(kw__req *r)
+{
+    pin(r);
+    log_warmup(r);
+    send_result(r);
 }
 
 /* kwarmd stopped before the keys reached the pipeline: every key is
@@ -194,13 +215,19 @@ static void cancel_all(kw__req *r)
 
 void kw__run_warmup(kw__req *r)
 {
+    if (r->pin_stage) {
+        run_pin_stage(r);
+        return;
+    }
     kw_config_model m;
     kw_config_deploy d;
     char err[KW_CONFIG_ERRLEN];
     int rc = kw__req_keys(r->header, &m, &d, &r->set, err, sizeof err);
-    if (rc == 0)
-        snprintf(r->text_config, sizeof r->text_config, "%s",
-                 m.text_config ? m.text_config : "/");
+    if (rc == 0) { /* client text: escaped for the log (issue 23) */
+        const char *tc = m.text_config ? m.text_config : "/";
+        kw_proto_escape((const uint8_t *)tc, strlen(tc), r->text_config,
+                        sizeof r->text_config);
+    }
     kw_config_model_destroy(&m);
     kw_config_deploy_destroy(&d);
     if (rc == 0)

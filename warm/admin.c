@@ -37,6 +37,9 @@ typedef struct walk {
     cJSON *entries; /* array being filled */
     uint64_t bytes;
     int rc;
+    size_t max;     /* kw_warm_ls_page: entries a page holds (0: all) */
+    uint8_t next[KW_CACHE_DIGEST_LEN]; /* where the next page starts */
+    bool more;      /* an entry was left for the next page */
 } walk;
 
 /* Adds info's fields to e, by name when the family is known. */
@@ -119,6 +122,39 @@ static int visit(const uint8_t digest[KW_CACHE_DIGEST_LEN],
     cJSON_AddBoolToObject(e, "pinned", info->pinned);
     add_pins(e, names);
     w->bytes += info->size;
+    return 0;
+}
+
+/* The page's stop: the entry that did not fit starts the next page. */
+static int visit_page(const uint8_t digest[KW_CACHE_DIGEST_LEN],
+                      const kw_cache_info *info, void *arg)
+{
+    walk *w = arg;
+    if (w->max > 0 && (size_t)cJSON_GetArraySize(w->entries) >= w->max) {
+        memcpy(w->next, digest, KW_CACHE_DIGEST_LEN);
+        w->more = true;
+        return 1;
+    }
+    return visit(digest, info, w);
+}
+
+int kw_warm_ls_page(kw_cache *c, const kw_warm_filter *f, uint8_t *from,
+                    size_t max, cJSON **entries, uint64_t *bytes, bool *more)
+{
+    walk w = {.f = f, .c = c, .max = max};
+    w.entries = cJSON_CreateArray();
+    int rc = w.entries ? kw_cache_foreach_from(c, from, visit_page, &w)
+                       : KW_ENOMEM;
+    if (rc >= 0 && w.rc < 0)
+        rc = w.rc;
+    if (rc < 0) {
+        cJSON_Delete(w.entries);
+        return rc;
+    }
+    memcpy(from, w.next, KW_CACHE_DIGEST_LEN);
+    *more = w.more;
+    *bytes = w.bytes;
+    *entries = w.entries;
     return 0;
 }
 

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "kw_alloc.h"
 #include "kw_err.h"
 
 /* ---- the table (w->mu held) ------------------------------------------- */
@@ -29,7 +30,7 @@ static size_t bucket(const kw_warm *w, const uint8_t *digest)
 
 int kw__warm_table_init(kw_warm *w)
 {
-    w->table = calloc(TABLE_MIN, sizeof *w->table);
+    w->table = kw_calloc(TABLE_MIN, sizeof *w->table);
     w->table_cap = TABLE_MIN;
     return w->table != NULL ? 0 : KW_ENOMEM;
 }
@@ -47,7 +48,7 @@ flight *kw__warm_table_find(kw_warm *w, const uint8_t *digest)
 static void table_grow(kw_warm *w)
 {
     size_t cap = w->table_cap * 2;
-    flight **t = calloc(cap, sizeof *t);
+    flight **t = kw_calloc(cap, sizeof *t);
     if (t == NULL)
         return;
     flight **old = w->table;
@@ -76,7 +77,7 @@ static void table_remove(kw_warm *w, flight *f)
 
 flight *kw__warm_flight_new(kw_warm *w, const kw_keys_key *k)
 {
-    flight *f = calloc(1, sizeof *f);
+    flight *f = kw_calloc(1, sizeof *f);
     if (f == NULL)
         return NULL;
     f->key = *k;

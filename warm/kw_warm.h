@@ -214,6 +214,16 @@ typedef struct kw_warm_filter {
  * 0, KW_ENOMEM or the cache's code. */
 int kw_warm_ls(kw_cache *c, const kw_warm_filter *f, cJSON **out);
 
+/* One page of kw_warm_ls(): *entries gets a new array of at most max
+ * entries that pass f, from the first digest >= from (32 bytes; zeros:
+ * the start), *bytes their sizes; *more says whether entries are left,
+ * and from is then where the next page starts.  Each page is its own
+ * read transaction: a long listing holds no snapshot between pages, and
+ * shows entries added or removed meanwhile or not, never twice.  0,
+ * KW_ENOMEM or the cache's code. */
+int kw_warm_ls_page(kw_cache *c, const kw_warm_filter *f, uint8_t *from,
+                    size_t max, cJSON **entries, uint64_t *bytes, bool *more);
+
 /* Removes every entry of doc's "entries" (a kw_warm_ls() document) and
  * adds "removed" (the same array).  KW_EPINNED, with nothing removed and
  * the reason in err, when one is pinned and !force; else 0 or the cache's

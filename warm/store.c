@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kw_alloc.h"
 #include "kw_err.h"
 
 #define STORE_BATCH_DEFAULT 64u
@@ -28,7 +29,7 @@ typedef struct stored {
 void kw__warm_store_push(kw_warm *w, flight *f, kw__pool_result *r,
                          const kw_cache_info *info)
 {
-    stored *s = calloc(1, sizeof *s);
+    stored *s = kw_calloc(1, sizeof *s);
     if (s == NULL) { /* cannot queue it: the key fails, nothing is lost */
         outcome o = {KW_WARM_FAILED, KW_ENOMEM, NULL};
         atomic_fetch_add(&w->st.store_failures, 1);
@@ -61,7 +62,7 @@ static void settle(kw_warm *w, stored *s, int rc)
         atomic_fetch_add(&w->st.store_failures, 1);
         const char *why = kw_cache_last_error(w->o.cache);
         size_t n = strlen(why) + 64;
-        if ((o.log = malloc(n)) != NULL)
+        if ((o.log = kw_malloc(n)) != NULL)
             snprintf(o.log, n, "store: %s%s%s", kw_strerror(rc),
                      why[0] ? ": " : "", why);
         o.status = KW_WARM_FAILED;
@@ -76,11 +77,12 @@ static void settle(kw_warm *w, stored *s, int rc)
 /* Stores one group (a list of n) in one transaction and settles it. */
 static void store_group(kw_warm *w, stored *list, size_t n)
 {
-    kw_cache_item *items = calloc(n, sizeof *items);
-    int *rcs = calloc(n, sizeof *rcs);
+    kw_cache_item *items = kw_calloc(n, sizeof *items);
+    int *rcs = kw_calloc(n, sizeof *rcs);
     bool purge = false;
     size_t i = 0;
-    for (stored *s = list; s != NULL; s = s->next, i++) {
+    /* Out of memory, every key of the group fails with KW_ENOMEM. */
+    for (stored *s = items && rcs ? list : NULL; s != NULL; s = s->next, i++) {
         items[i] = (kw_cache_item){s->f->key.digest, &s->info, s->r.cubin,
                                    s->r.cubin_len, false};
         purge |= s->f->purge;

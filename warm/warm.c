@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "kw_alloc.h"
 #include "kw_err.h"
 
 const char *kw_warm_status_name(kw_warm_status s)
@@ -74,7 +75,7 @@ void kw__warm_deliver(kw_warm *w, kw_warm_job *job, size_t i,
 /* The digests of n keys as one array (malloc'd), as cache/ takes them. */
 uint8_t (*kw__warm_digests(const kw_keys_key *keys, size_t n))[KW_KEYS_DIGEST_LEN]
 {
-    uint8_t (*d)[KW_KEYS_DIGEST_LEN] = malloc((n ? n : 1) * sizeof *d);
+    uint8_t (*d)[KW_KEYS_DIGEST_LEN] = kw_malloc((n ? n : 1) * sizeof *d);
     for (size_t i = 0; d != NULL && i < n; i++)
         memcpy(d[i], keys[i].digest, KW_KEYS_DIGEST_LEN);
     return d;
@@ -109,8 +110,8 @@ int kw_warm_submit(kw_warm *w, const kw_keys_key *keys, size_t n,
 {
     if (n == 0)
         return KW_EINVAL;
-    kw_warm_job *job = calloc(1, sizeof *job);
-    if (job == NULL || (job->keys = malloc(n * sizeof *keys)) == NULL) {
+    kw_warm_job *job = kw_calloc(1, sizeof *job);
+    if (job == NULL || (job->keys = kw_malloc(n * sizeof *keys)) == NULL) {
         free(job);
         return KW_ENOMEM;
     }
@@ -205,7 +206,7 @@ static bool lookup(kw_warm *w, const uint8_t *digest)
  * when stopping (the caller reports the key cancelled). */
 static bool to_flight(kw_warm *w, kw_warm_job *job, size_t i)
 {
-    waiter *wt = malloc(sizeof *wt);
+    waiter *wt = kw_malloc(sizeof *wt);
     if (wt == NULL)
         return false;
     *wt = (waiter){.job = job, .index = i};
@@ -364,7 +365,7 @@ static int start_threads(kw_warm *w)
 int kw_warm_open(kw_warm **out, const kw_warm_opts *o, char *err,
                  size_t errlen)
 {
-    kw_warm *w = calloc(1, sizeof *w);
+    kw_warm *w = kw_calloc(1, sizeof *w);
     if (w == NULL)
         return KW_ENOMEM;
     w->o = *o;
@@ -382,7 +383,7 @@ int kw_warm_open(kw_warm **out, const kw_warm_opts *o, char *err,
                         .timeout_ms = o->compile_timeout_ms,
                         .mem_limit = o->mem_limit};
     int rc = kw__warm_table_init(w);
-    if (rc == 0 && (w->compilers = calloc(w->o.jobs, sizeof *w->compilers)) == NULL)
+    if (rc == 0 && (w->compilers = kw_calloc(w->o.jobs, sizeof *w->compilers)) == NULL)
         rc = KW_ENOMEM;
     if (rc == 0)
         rc = kw__pool_start(&w->pool, &po, err, errlen);
