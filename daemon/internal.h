@@ -16,6 +16,7 @@
 #include "kw_daemon.h"
 #include "kw_keys.h"
 #include "kw_proto.h"
+#include "kw_queue.h"
 #include "kw_remote.h"
 #include "kw_warm.h"
 #include "metrics.h"
@@ -98,10 +99,10 @@ struct kw__loop {
     uv_idle_t resume;   /* runs connections whose buffer still holds frames */
     kw__conn *backlog;  /* those connections, linked through next_backlog */
     /* The outbox: frames from job and warm threads.  out_mu guards
-     * out_head/out_tail; outbox wakes the loop, which drains it whole. */
+     * outq; outbox wakes the loop, which drains it whole. */
     uv_async_t outbox;
     pthread_mutex_t out_mu;
-    kw__out *out_head, *out_tail;
+    kw_queue outq;      /* of kw__out, by node */
     /* Replies written straight from the cache's map, each holding a read
      * transaction until its write ends (server.c): oldest first, at most
      * --max-held-reads over all loops, none older than
@@ -138,12 +139,12 @@ typedef struct kw__daemon {
     kw_remote *remote; /* fleet tier, or NULL; thread-safe itself */
     kw_warm *warm;     /* the warm pipeline; thread-safe itself */
     kw__audit audit;   /* gets that missed; thread-safe itself */
-    /* Job threads (jobs.c).  job_mu guards job_head/tail, jobs_stopping. */
+    /* Job threads (jobs.c).  job_mu guards job_q, jobs_stopping. */
     pthread_t job_threads[KW__JOB_THREADS];
     unsigned njob_threads;
     pthread_mutex_t job_mu;
     pthread_cond_t job_cv;
-    kw__req *job_head, *job_tail;
+    kw_queue job_q;     /* of kw__req, by jnode */
     bool jobs_stopping;
     uv_timer_t stop_timer; /* the SIGTERM grace period */
     uint64_t stop_at;      /* uv_now() of the signal */
@@ -183,7 +184,7 @@ struct kw__req {
     kw__conn *conn;    /* holds a reference until the request ends */
     uint16_t type;
     cJSON *header;     /* the request's JSON, owned */
-    kw__req *next;     /* in the job queue */
+    kw_queue_node jnode; /* in the job queue */
     kw_warm_job *job;  /* get: the warm job (loop thread; released at the end) */
     kw__stream *s;     /* its reply stream (stream.h), made when admitted */
     void *state;       /* a yielding handler's state between runs */

@@ -103,14 +103,12 @@ static void *job_main(void *arg)
     kw__daemon *d = arg;
     pthread_mutex_lock(&d->job_mu);
     for (;;) {
-        while (d->job_head == NULL && !d->jobs_stopping)
+        while (kw_queue_empty(&d->job_q) && !d->jobs_stopping)
             pthread_cond_wait(&d->job_cv, &d->job_mu);
-        kw__req *r = d->job_head;
-        if (r == NULL)
+        kw_queue_node *n = kw_queue_pop(&d->job_q);
+        if (n == NULL)
             break;
-        d->job_head = r->next;
-        if (d->job_head == NULL)
-            d->job_tail = NULL;
+        kw__req *r = KW_QUEUE_ENTRY(n, kw__req, jnode);
         bool stopping = d->jobs_stopping;
         pthread_mutex_unlock(&d->job_mu);
         if (stopping) {
@@ -180,12 +178,7 @@ void kw__jobs_push(kw__daemon *d, kw__req *r)
         kw__daemon_refuse_job(r);
         return;
     }
-    r->next = NULL;
-    if (d->job_tail != NULL)
-        d->job_tail->next = r;
-    else
-        d->job_head = r;
-    d->job_tail = r;
+    kw_queue_push(&d->job_q, &r->jnode);
     pthread_cond_signal(&d->job_cv);
     pthread_mutex_unlock(&d->job_mu);
 }

@@ -149,14 +149,9 @@ static void on_connection(uv_stream_t *server, int status)
 void kw__daemon_post(kw__out *o)
 {
     kw__loop *l = kw__req_conn(o->req)->l;
-    o->next = NULL;
     atomic_fetch_add(&o->req->hb_pending, 1);
     pthread_mutex_lock(&l->out_mu);
-    if (l->out_tail != NULL)
-        l->out_tail->next = o;
-    else
-        l->out_head = o;
-    l->out_tail = o;
+    kw_queue_push(&l->outq, &o->node);
     pthread_mutex_unlock(&l->out_mu);
     uv_async_send(&l->outbox);
 }
@@ -194,13 +189,12 @@ static void on_outbox(uv_async_t *h)
 {
     kw__loop *l = h->data;
     pthread_mutex_lock(&l->out_mu);
-    kw__out *list = l->out_head;
-    l->out_head = l->out_tail = NULL;
+    kw_queue_node *n = kw_queue_take(&l->outq, 0, NULL);
     pthread_mutex_unlock(&l->out_mu);
-    while (list != NULL) {
-        kw__out *next = list->next;
-        deliver(l, list);
-        list = next;
+    while (n != NULL) {
+        kw_queue_node *next = n->next; /* deliver frees the item */
+        deliver(l, KW_QUEUE_ENTRY(n, kw__out, node));
+        n = next;
     }
 }
 

@@ -25,6 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kw_queue.h"
 #include "kw_warm.h"
 
 #define KW__STREAM_FRAMES 256 /* frames in a stream's budget */
@@ -34,7 +35,7 @@ typedef struct kw__req kw__req;
 /* A frame for a connection, or the end of its request, made on any thread
  * and handed to the loop thread by kw__daemon_post(). */
 typedef struct kw__out {
-    struct kw__out *next;
+    kw_queue_node node; /* in the loop's outbox */
     kw__req *req;       /* the request it belongs to */
     uint8_t *frame;     /* an encoded frame (owned), or NULL */
     size_t len;

@@ -23,8 +23,13 @@ typedef struct stored {
     flight *f;
     kw__pool_result r; /* cubin and log owned */
     kw_cache_info info;
-    struct stored *next;
+    kw_queue_node node; /* in w->store_q, then in a group */
 } stored;
+
+static stored *next_of(const stored *s)
+{
+    return s->node.next ? KW_QUEUE_ENTRY(s->node.next, stored, node) : NULL;
+}
 
 void kw__warm_store_push(kw_warm *w, flight *f, kw__pool_result *r,
                          const kw_cache_info *info)
@@ -41,11 +46,7 @@ void kw__warm_store_push(kw_warm *w, flight *f, kw__pool_result *r,
     *r = (kw__pool_result){0}; /* moved */
     s->info = *info;
     pthread_mutex_lock(&w->store_mu);
-    if (w->store_tail != NULL)
-        w->store_tail->next = s;
-    else
-        w->store_head = s;
-    w->store_tail = s;
+    kw_queue_push(&w->store_q, &s->node);
     pthread_cond_signal(&w->store_cv);
     pthread_mutex_unlock(&w->store_mu);
 }
@@ -82,7 +83,7 @@ static void store_group(kw_warm *w, stored *list, size_t n)
     bool purge = false;
     size_t i = 0;
     /* Out of memory, every key of the group fails with KW_ENOMEM. */
-    for (stored *s = items && rcs ? list : NULL; s != NULL; s = s->next, i++) {
+    for (stored *s = items && rcs ? list : NULL; s != NULL; s = next_of(s), i++) {
         items[i] = (kw_cache_item){s->f->key.digest, &s->info, s->r.cubin,
                                    s->r.cubin_len, false};
         purge |= s->f->purge;
@@ -93,7 +94,7 @@ static void store_group(kw_warm *w, stored *list, size_t n)
                           : KW_ENOMEM;
     i = 0;
     for (stored *s = list, *next; s != NULL; s = next, i++) {
-        next = s->next;
+        next = next_of(s);
         settle(w, s, rc < 0 ? rc : rcs[i]);
     }
     free(items);
@@ -106,20 +107,13 @@ void *kw__warm_store_main(void *arg)
     unsigned batch = w->o.store_batch ? w->o.store_batch : STORE_BATCH_DEFAULT;
     pthread_mutex_lock(&w->store_mu);
     for (;;) {
-        while (w->store_head == NULL && !w->store_stop)
+        while (kw_queue_empty(&w->store_q) && !w->store_stop)
             pthread_cond_wait(&w->store_cv, &w->store_mu);
-        if (w->store_head == NULL)
+        if (kw_queue_empty(&w->store_q))
             break; /* stopped and drained */
-        stored *list = w->store_head, *last = list;
-        size_t n = 1;
-        while (n < batch && last->next != NULL) {
-            last = last->next;
-            n++;
-        }
-        w->store_head = last->next;
-        if (w->store_head == NULL)
-            w->store_tail = NULL;
-        last->next = NULL;
+        size_t n = 0;
+        kw_queue_node *first = kw_queue_take(&w->store_q, batch, &n);
+        stored *list = KW_QUEUE_ENTRY(first, stored, node);
         pthread_mutex_unlock(&w->store_mu);
         store_group(w, list, n);
         pthread_mutex_lock(&w->store_mu);

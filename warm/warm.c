@@ -95,12 +95,7 @@ static int protect(kw_warm *w, kw_warm_job *job)
 /* Puts job back at the intake queue's tail; w->mu held. */
 static void intake_push_locked(kw_warm *w, kw_warm_job *job)
 {
-    job->next = NULL;
-    if (w->intake_tail != NULL)
-        w->intake_tail->next = job;
-    else
-        w->intake_head = job;
-    w->intake_tail = job;
+    kw_queue_push(&w->intake_q, &job->inode);
     pthread_cond_signal(&w->intake_cv);
 }
 
@@ -164,8 +159,8 @@ static void unpark_locked(kw_warm *w, kw_warm_job *job)
 {
     kw_warm_job **p = &w->parked;
     while (*p != job)
-        p = &(*p)->next;
-    *p = job->next;
+        p = &(*p)->next_parked;
+    *p = job->next_parked;
     job->parked = false;
     intake_push_locked(w, job);
 }
@@ -294,7 +289,7 @@ static void requeue_locked(kw_warm *w, kw_warm_job *job)
 {
     if (job->paused && !w->stopping && !atomic_load(&job->cancelled)) {
         job->parked = true;
-        job->next = w->parked;
+        job->next_parked = w->parked;
         w->parked = job;
         return;
     }
@@ -308,14 +303,12 @@ static void *intake_main(void *arg)
     run r = {.n = 0}; /* 3 KiB of stack */
     pthread_mutex_lock(&w->mu);
     for (;;) {
-        while (w->intake_head == NULL && !w->stopping)
+        while (kw_queue_empty(&w->intake_q) && !w->stopping)
             pthread_cond_wait(&w->intake_cv, &w->mu);
-        kw_warm_job *job = w->intake_head;
-        if (job == NULL)
+        kw_queue_node *n = kw_queue_pop(&w->intake_q);
+        if (n == NULL)
             break; /* stopping, nothing left */
-        w->intake_head = job->next;
-        if (w->intake_head == NULL)
-            w->intake_tail = NULL;
+        kw_warm_job *job = KW_QUEUE_ENTRY(n, kw_warm_job, inode);
         pthread_mutex_unlock(&w->mu);
         atomic_fetch_add(&job->refs, 1); /* held while intake reads it */
         bool left = intake_chunk(w, job, &r);
