@@ -8,11 +8,14 @@
 /* Allocations left before the one that fails; 0: the hook is off. */
 static _Atomic uint64_t countdown;
 static _Atomic bool fired;
+static _Thread_local unsigned paused; /* kw_alloc_pause() depth */
 
 /* True when this allocation is the one to fail. */
 static bool should_fail(void)
 {
     uint64_t n = atomic_load_explicit(&countdown, memory_order_relaxed);
+    if (paused > 0)
+        return false;
     while (n > 0)
         if (atomic_compare_exchange_weak(&countdown, &n, n - 1)) {
             if (n == 1)
@@ -40,6 +43,16 @@ void *kw_realloc(void *p, size_t n)
 char *kw_strdup(const char *s)
 {
     return should_fail() ? NULL : strdup(s);
+}
+
+void kw_alloc_pause(void)
+{
+    paused++;
+}
+
+void kw_alloc_resume(void)
+{
+    paused--;
 }
 
 void kw_alloc_fail_at(uint64_t n)

@@ -19,6 +19,13 @@ void *kw_calloc(size_t count, size_t size);
 void *kw_realloc(void *p, size_t n);
 char *kw_strdup(const char *s);
 
+/* Pause and resume the hook on the calling thread (nestable): code that
+ * calls into a module whose own failure paths are not under test (jit/,
+ * whose cJSON trees leak when an allocation inside them fails) brackets
+ * the call, so the hook fails only the caller's allocations. */
+void kw_alloc_pause(void);
+void kw_alloc_resume(void);
+
 /* Arms the hook: the n-th allocation from now fails (n >= 1); 0 disarms. */
 void kw_alloc_fail_at(uint64_t n);
 

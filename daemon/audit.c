@@ -43,7 +43,9 @@ cJSON *kw__audit_json(const kw__miss *m)
               cJSON_AddStringToObject(o, "outcome",
                                       kw__audit_outcome_name(m->outcome)) != NULL;
     if (ok && m->have_key) {
+        kw_alloc_pause(); /* jit/'s tree: its failure paths leak */
         cJSON *k = kw_keys_key_json(&m->key);
+        kw_alloc_resume();
         ok = k != NULL && cJSON_AddItemToObject(o, "key", k);
     }
     if (!ok) {

@@ -352,8 +352,10 @@ Test(budget, eight_unread_ls_of_a_large_cache_stay_within_the_budget)
         fds[i] = c[i].fd;
     long rss = wait_parked(&s.d, fds, 8);
     scene_check(&s, rss, "eight unread ls");
+#ifndef __SANITIZE_ADDRESS__ /* ASan's quarantine keeps freed memory */
     cr_expect(rss - s.rss0 < 16 * 1024, "ls grew by %ld KiB: not paged",
               rss - s.rss0);
+#endif
     kwr fin;
     size_t n = drain(&c[0], &fin);
     kwr_expect_type(&fin, KW_PROTO_RESULT, "ls read at last");
