@@ -165,15 +165,18 @@ static void log_warmup(const kw__req *r)
 static void on_result(const kw_warm_result *res, void *arg)
 {
     kw__req *r = arg;
-    if (atomic_load(&r->aborted) && res->job != NULL)
-        kw_warm_job_cancel(res->job); /* the client left */
+    bool gone = atomic_load(&r->aborted);
+    if (gone && res->job != NULL)
+        kw_warm_job_cancel(res->job); /* the client left (once: cheap after) */
     r->count[res->status]++;
     if (res->status == KW_WARM_FAILED && res->rc != KW_EROFS) /* not a compile */
         log_failure(res);
-    if (!add_result(r, res))
+    /* Nobody reads a client that left: its results are counted, not
+     * built into frames (a stop with 100,000 keys queued ends sooner). */
+    if (!gone && !add_result(r, res))
         KW_LOG(KW_LOG_ERR, "out of memory streaming a warmup result");
-    if (r->batch_n >= KW__STREAM_KEYS || r->batch_bytes >= KW__STREAM_BYTES ||
-        !res->more || res->last)
+    if (!gone && (r->batch_n >= KW__STREAM_KEYS ||
+                  r->batch_bytes >= KW__STREAM_BYTES || !res->more || res->last))
         flush_batch(r);
     if (!res->last)
         return;

@@ -143,8 +143,8 @@ int kw_warm_submit(kw_warm *w, const kw_keys_key *keys, size_t n,
 
 void kw_warm_job_cancel(kw_warm_job *job)
 {
-    atomic_store(&job->cancelled, true);
-    kw_warm_job_resume(job); /* a parked job reports its keys cancelled */
+    if (!atomic_exchange(&job->cancelled, true))
+        kw_warm_job_resume(job); /* a parked job reports its keys cancelled */
 }
 
 void kw_warm_job_pause(kw_warm_job *job)
