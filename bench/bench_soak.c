@@ -23,7 +23,9 @@
  * keys after each; and the hostile clients of tests/test_daemon_hostile.c
  * in a loop: one that pipelines gets and never reads, a slow reader, one
  * sending random bytes, 100 idle connections, and connects and
- * disconnects at full speed.  The well-behaved clients must still see no
+ * disconnects at full speed; and (issue 23) clients that send a keys
+ * request of 4,000 ranks, an all-hit warmup, an ls and a misses and never
+ * read them.  The well-behaved clients must still see no
  * failed request.  Exit 1 on any failed request (in either pass) or on
  * growth from "before" to "after" beyond 8 MiB of anonymous resident
  * memory or by any descriptor.
@@ -168,23 +170,66 @@ static long daemon_connections(kw_client *c)
     return n;
 }
 
+/* Streamed requests whose clients never read (issue 23), round after
+ * round while the soak lasts: a keys request of a big deployment, an
+ * all-hit warmup of the config, an ls and a misses, each on its own
+ * connection, held 3 s unread and dropped.  kwarmd must keep each reply
+ * within its stream's budget (--max-output) and serve everyone else. */
+static void *soak_unread_streams(void *arg)
+{
+    shared *s = arg;
+    cJSON *keys = cJSON_CreateObject(), *warm = cJSON_CreateObject();
+    cJSON_AddItemToObject(keys, "config", cJSON_Parse(s->config));
+    cJSON_AddItemToObject(cJSON_AddObjectToObject(keys, "deployment"),
+                          "dcp_world", cJSON_CreateNumber(4000));
+    cJSON_AddItemToObject(warm, "config", cJSON_Parse(s->config));
+    const struct { uint16_t type; const cJSON *h; } reqs[] = {
+        {KW_PROTO_KEYS, keys}, {KW_PROTO_WARMUP, warm}, {KW_PROTO_LS, NULL},
+        {KW_PROTO_MISSES, NULL}};
+    uint8_t *frame[4] = {NULL};
+    size_t len[4] = {0};
+    for (int i = 0; i < 4; i++)
+        if (kw_proto_encode(reqs[i].type, reqs[i].h, NULL, 0, &frame[i], &len[i]) < 0)
+            goto out;
+    while (bench_now_ns() < s->deadline) {
+        int fd[4];
+        for (int i = 0; i < 4; i++) {
+            fd[i] = soak_connect(s->sock, true);
+            if (fd[i] >= 0)
+                soak_push(fd[i], frame[i], len[i], 200);
+        }
+        nanosleep(&(struct timespec){3, 0}, NULL); /* unread, on purpose */
+        for (int i = 0; i < 4; i++)
+            if (fd[i] >= 0)
+                close(fd[i]);
+        atomic_fetch_add(&s->hostile_conns, 4);
+    }
+out:
+    for (int i = 0; i < 4; i++)
+        free(frame[i]);
+    cJSON_Delete(keys);
+    cJSON_Delete(warm);
+    return NULL;
+}
+
 /* Runs the mix for secs: nclients clients, and with hostile the big
  * warmups and the hostile clients; returns once all have disconnected
  * and kwarmd counts only c's connection (bounded wait). */
 static void run_mix(shared *s, kw_client *c, int nclients, double secs,
                     bool hostile)
 {
-    pthread_t *t = calloc((size_t)nclients, sizeof *t), extra[2];
+    pthread_t *t = calloc((size_t)nclients, sizeof *t), extra[3];
     s->deadline = bench_now_ns() + secs * 1e9;
     for (int i = 0; t != NULL && i < nclients; i++)
         pthread_create(&t[i], NULL, client, s);
     if (hostile) {
         pthread_create(&extra[0], NULL, soak_big_warmups, s);
         pthread_create(&extra[1], NULL, soak_hostile, s);
+        pthread_create(&extra[2], NULL, soak_unread_streams, s);
     }
     for (int i = 0; t != NULL && i < nclients; i++)
         pthread_join(t[i], NULL);
-    for (int i = 0; hostile && i < 2; i++)
+    for (int i = 0; hostile && i < 3; i++)
         pthread_join(extra[i], NULL);
     free(t);
     for (int i = 0; i < 500 && daemon_connections(c) != 1; i++) /* bounded settle */

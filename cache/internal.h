@@ -96,6 +96,8 @@ struct kw_cache {
     uint64_t psize;       /* LMDB page size */
     uint64_t mapsize;     /* bytes this handle mapped */
     bool read_only;
+    bool nolock;          /* opened MDB_NOLOCK: no reader slot protects a
+                             snapshot, so reads copy, then verify */
     bool defer_writes;
     _Atomic uint64_t last_tick; /* the last tick handed out */
 

@@ -120,8 +120,10 @@ typedef struct kw_cache_stats {
  * be opened for writing (a read-only mount, another user's directory) the
  * environment is opened MDB_RDONLY|MDB_NOLOCK.  The risk of NOLOCK: this
  * process takes no reader slot, so a writer elsewhere may reuse the pages
- * it is reading; the checksums then report KW_ECORRUPT rather than serve
- * bad bytes, but read-only handles do not remove entries.  Such a cache is
+ * it is reading; every read therefore copies the bytes out first and
+ * verifies the copy (kw_cache_borrow included), so the checksums report
+ * KW_ECORRUPT rather than serve bad bytes, but read-only handles do not
+ * remove entries.  Such a cache is
  * meant to have no writer (an image layer, a shipped directory).
  * Returns 0 and *out, or a negative code (KW_ECACHE, -errno, KW_EINVAL)
  * with a one-line reason naming the directory in err.  *out is untouched
@@ -212,6 +214,7 @@ typedef struct kw_cache_view {
     size_t len;
     kw_cache *_c;
     void *_txn;
+    void *_own; /* a lockless handle's copy (see kw_cache_borrow) */
 } kw_cache_view;
 
 /* Looks the entry up and verifies its checksum on the map's bytes, without
@@ -224,7 +227,11 @@ typedef struct kw_cache_view {
  * thread than the one that borrowed it, if the two synchronize.  The map
  * is mapped read-only: writing through data faults.
  * info (may be NULL) gets the metadata.  Returns as kw_cache_get(); on
- * error v holds nothing and needs no release (releasing is harmless). */
+ * error v holds nothing and needs no release (releasing is harmless).
+ * A handle opened MDB_NOLOCK (kw_cache_open) has no reader slot to keep
+ * a writer elsewhere from reusing the pages: there the view is a copy,
+ * made first, then verified (kw_cache_get), and holds no transaction, so
+ * no byte that reaches the caller went unchecked. */
 int kw_cache_borrow(kw_cache *c, const uint8_t digest[KW_CACHE_DIGEST_LEN],
                     kw_cache_view *v, kw_cache_info *info);
 
@@ -368,6 +375,12 @@ int kw_cache_stats_get(kw_cache *c, kw_cache_stats *out);
 typedef int (*kw_cache_each_fn)(const uint8_t digest[KW_CACHE_DIGEST_LEN],
                                 const kw_cache_info *info, void *arg);
 int kw_cache_foreach(kw_cache *c, kw_cache_each_fn fn, void *arg);
+
+/* The same from the first entry whose digest is >= from (NULL: the
+ * first), so that a long walk can be taken in pages, each its own short
+ * read transaction. */
+int kw_cache_foreach_from(kw_cache *c, const uint8_t *from,
+                          kw_cache_each_fn fn, void *arg);
 
 /* The text of the last failure on c in the calling thread, naming the
  * LMDB call ("mdb_put(blob): MDB_MAP_FULL: Environment mapsize limit

@@ -143,8 +143,10 @@ static int open_env(kw_cache *c, const kw_cache_opts *opts, uint64_t max,
         rc = env_try(c, opts->dir, ro, 0, &op);
         denied = rc == EACCES || rc == EPERM;
     }
-    if (denied && c->read_only)
+    if (denied && c->read_only) {
         rc = env_try(c, opts->dir, ro | MDB_NOLOCK, 0, &op);
+        c->nolock = rc == 0;
+    }
     if (rc == 0 && (rc = mdb_reader_check(c->env, NULL)) != 0)
         op = "mdb_reader_check"; /* slots of readers whose process died */
     if (rc == 0 && (rc = size_map(c, c->read_only ? 0 : map)) != 0)

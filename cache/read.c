@@ -259,10 +259,10 @@ bool kw_cache_contains(kw_cache *c, const uint8_t digest[KW_CACHE_DIGEST_LEN])
 
 /* Walks "meta" with cur, calling fn for each entry that decodes. */
 static int each(kw_cache *c, MDB_txn *txn, MDB_cursor *cur,
-                kw_cache_each_fn fn, void *arg)
+                const uint8_t *from, kw_cache_each_fn fn, void *arg)
 {
-    MDB_val k, d;
-    MDB_cursor_op op = MDB_FIRST;
+    MDB_val k = {KW_CACHE_DIGEST_LEN, (void *)from}, d;
+    MDB_cursor_op op = from != NULL ? MDB_SET_RANGE : MDB_FIRST;
     int rc;
     while ((rc = mdb_cursor_get(cur, &k, &d, op)) == 0) {
         op = MDB_NEXT;
@@ -284,6 +284,12 @@ static int each(kw_cache *c, MDB_txn *txn, MDB_cursor *cur,
 
 int kw_cache_foreach(kw_cache *c, kw_cache_each_fn fn, void *arg)
 {
+    return kw_cache_foreach_from(c, NULL, fn, arg);
+}
+
+int kw_cache_foreach_from(kw_cache *c, const uint8_t *from,
+                          kw_cache_each_fn fn, void *arg)
+{
     if (!c || !fn)
         return KW_EINVAL;
     MDB_txn *txn;
@@ -294,7 +300,7 @@ int kw_cache_foreach(kw_cache *c, kw_cache_each_fn fn, void *arg)
     rc = kw__cache_mdb(c, "mdb_cursor_open(meta)",
                        mdb_cursor_open(txn, c->meta, &cur));
     if (rc == 0) {
-        rc = each(c, txn, cur, fn, arg);
+        rc = each(c, txn, cur, from, fn, arg);
         mdb_cursor_close(cur);
     }
     kw__cache_read_end(c, txn);
@@ -308,6 +314,14 @@ int kw_cache_borrow(kw_cache *c, const uint8_t digest[KW_CACHE_DIGEST_LEN],
         memset(v, 0, sizeof *v);
     if (!c || !digest || !v)
         return KW_EINVAL;
+    if (c->nolock) { /* copied, then verified: the map may change under us */
+        void *blob = NULL;
+        size_t len = 0;
+        int rc = kw_cache_get(c, digest, &blob, &len, info);
+        if (rc == 0)
+            *v = (kw_cache_view){blob, len, c, NULL, blob};
+        return rc;
+    }
     MDB_txn *txn;
     kw__cache_meta m;
     MDB_val d;
@@ -330,14 +344,16 @@ int kw_cache_borrow(kw_cache *c, const uint8_t digest[KW_CACHE_DIGEST_LEN],
         *info = m.info;
     }
     kw__cache_record_hit(c, digest);
-    *v = (kw_cache_view){d.mv_data, d.mv_size, c, txn};
+    *v = (kw_cache_view){d.mv_data, d.mv_size, c, txn, NULL};
     return 0;
 }
 
 void kw_cache_release(kw_cache_view *v)
 {
-    if (!v || !v->_txn)
+    if (!v || (!v->_txn && !v->_own))
         return;
-    kw__cache_read_end(v->_c, v->_txn);
+    if (v->_txn)
+        kw__cache_read_end(v->_c, v->_txn);
+    free(v->_own);
     memset(v, 0, sizeof *v);
 }

@@ -229,6 +229,8 @@ int kw_client_admin(kw_client *c, const char *what, const char *header_json,
                         what ? what : "(null)") : KW_EINVAL;
     cJSON *h = NULL;
     int rc = parse_object(c, "admin request", header_json, &h);
+    if (rc < 0) /* a NULL header_json included: KW_EINVAL */
+        return rc;
     stream st = {"entries", cJSON_CreateArray(), NULL, NULL};
     kw_msg m = {0};
     if (rc == 0 && st.items == NULL)
@@ -238,7 +240,8 @@ int kw_client_admin(kw_client *c, const char *what, const char *header_json,
     /* ls streams its entries, evict by criteria the removed ones. */
     const char *member = type == KW_PROTO_LS ? "entries" : "removed";
     bool streamed = type == KW_PROTO_LS ||
-                    (type == KW_PROTO_EVICT && strstr(header_json, "\"match\""));
+                    (type == KW_PROTO_EVICT &&
+                     cJSON_GetObjectItemCaseSensitive(h, "match") != NULL);
     if (rc == 0 && streamed && !cJSON_AddItemToObject(m.header, member, st.items))
         rc = kw__client_fail(c, KW_ENOMEM, "%s", kw_strerror(KW_ENOMEM));
     else if (rc == 0 && streamed)

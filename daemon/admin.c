@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kw_alloc.h"
 #include "kw_err.h"
 #include "log.h"
 
@@ -26,7 +27,7 @@ static int stream_entries(kw__req *r, cJSON *doc, const char *member)
         for (size_t n = 0; out != NULL && n < KW__STREAM_KEYS && arr->child; n++)
             cJSON_AddItemToArray(out, cJSON_DetachItemViaPointer(arr, arr->child));
         if (rc == 0)
-            kw__req_send(r, KW_PROTO_PROGRESS, h, false);
+            rc = kw__req_progress(r, h); /* parks while the client is slow */
         cJSON_Delete(h);
     }
     cJSON_Delete(arr);
@@ -74,24 +75,80 @@ static int read_filter(kw__daemon *d, const cJSON *m, kw_warm_filter *f,
     return rc;
 }
 
-void kw__run_ls(kw__req *r)
-{
+/* An ls between its runs: its filter, where the listing is, the totals. */
+typedef struct ls_state {
     kw_warm_filter f;
-    uint8_t digest[KW_CACHE_DIGEST_LEN];
-    char err[1200];
-    cJSON *doc = NULL;
-    int rc = read_filter(r->d, r->header, &f, digest, err, sizeof err);
-    if (rc < 0) {
-        kw__req_error(r, rc, err, true);
-        return;
-    }
-    if ((rc = kw_warm_ls(r->d->cache, &f, &doc)) == 0)
-        rc = stream_entries(r, doc, "entries");
+    uint8_t digest[KW_CACHE_DIGEST_LEN]; /* f.digest's bytes */
+    uint8_t from[KW_CACHE_DIGEST_LEN];   /* where the next page starts */
+    uint64_t count, bytes;
+    bool more;
+} ls_state;
+
+/* Sends one page (KW__STREAM_KEYS entries) of st's listing; 0, 1 when
+ * the stream's budget is full (the caller yields), or a negative code. */
+static int ls_page(kw__req *r, ls_state *st)
+{
+    cJSON *arr = NULL, *h = NULL;
+    uint64_t b = 0;
+    int rc = kw_warm_ls_page(r->d->cache, &st->f, st->from, KW__STREAM_KEYS,
+                             &arr, &b, &st->more);
     if (rc < 0)
-        kw__req_error(r, rc, NULL, true);
+        return rc;
+    st->count += (uint64_t)cJSON_GetArraySize(arr);
+    st->bytes += b;
+    if (arr->child == NULL) {
+        cJSON_Delete(arr);
+        return 0;
+    }
+    if ((h = cJSON_CreateObject()) == NULL ||
+        !cJSON_AddItemToObject(h, "entries", arr)) {
+        cJSON_Delete(h);
+        cJSON_Delete(arr);
+        return KW_ENOMEM;
+    }
+    rc = kw__req_progress_yield(r, h);
+    cJSON_Delete(h);
+    return rc;
+}
+
+/* ls streams the entries a page at a time, each page read when the
+ * stream has room: memory follows the stream's budget, not the cache's
+ * size, and no job thread waits for a slow reader (it yields). */
+bool kw__run_ls(kw__req *r)
+{
+    ls_state *st = r->state;
+    char err[1200];
+    int rc = 0;
+    if (st == NULL) {
+        if ((st = kw_calloc(1, sizeof *st)) == NULL) {
+            kw__req_error(r, KW_ENOMEM, NULL);
+            return false;
+        }
+        r->state = st;
+        r->state_free = free;
+        st->more = true;
+        rc = read_filter(r->d, r->header, &st->f, st->digest, err, sizeof err);
+        if (rc < 0) {
+            kw__req_error(r, rc, err);
+            return false;
+        }
+    }
+    while (rc == 0 && st->more)
+        rc = ls_page(r, st);
+    if (rc == 1)
+        return true; /* yielded */
+    cJSON *res = rc == 0 ? cJSON_CreateObject() : NULL;
+    if (res != NULL && (!cJSON_AddNumberToObject(res, "count", (double)st->count) ||
+                        !cJSON_AddNumberToObject(res, "bytes", (double)st->bytes))) {
+        cJSON_Delete(res);
+        res = NULL;
+    }
+    if (rc < 0)
+        kw__req_error(r, rc, NULL);
     else
-        kw__req_send(r, KW_PROTO_RESULT, doc, true);
-    cJSON_Delete(doc);
+        kw__req_finish(r, KW_PROTO_RESULT, res); /* NULL: out of memory */
+    cJSON_Delete(res);
+    return false;
 }
 
 /* evict {"match": {...}, "force"?}: the entries that match, removed. */
@@ -116,9 +173,9 @@ void kw__run_evict_match(kw__req *r, const cJSON *match)
         rc = stream_entries(r, doc, "entries");
     }
     if (rc < 0)
-        kw__req_error(r, rc, err[0] ? err : NULL, true);
+        kw__req_error(r, rc, err[0] ? err : NULL);
     else
-        kw__req_send(r, KW_PROTO_RESULT, doc, true);
+        kw__req_finish(r, KW_PROTO_RESULT, doc);
     cJSON_Delete(doc);
 }
 
@@ -127,9 +184,9 @@ void kw__run_pins(kw__req *r)
     cJSON *doc = NULL;
     int rc = kw_warm_pins(r->d->cache, &doc);
     if (rc < 0)
-        kw__req_error(r, rc, NULL, true);
+        kw__req_error(r, rc, NULL);
     else
-        kw__req_send(r, KW_PROTO_RESULT, doc, true);
+        kw__req_finish(r, KW_PROTO_RESULT, doc);
     cJSON_Delete(doc);
 }
 
@@ -146,10 +203,9 @@ void kw__run_unpin(kw__req *r)
     else if (rc == KW_EINVAL)
         snprintf(err, sizeof err, "unpin: \"name\" must be a string");
     if (rc < 0)
-        kw__req_error(r, rc, rc == KW_ENOTFOUND || rc == KW_EINVAL ? err : NULL,
-                      true);
+        kw__req_error(r, rc, rc == KW_ENOTFOUND || rc == KW_EINVAL ? err : NULL);
     else
-        kw__req_send(r, KW_PROTO_RESULT, doc, true);
+        kw__req_finish(r, KW_PROTO_RESULT, doc);
     cJSON_Delete(doc);
 }
 
@@ -162,11 +218,10 @@ void kw__run_resize(kw__req *r)
                  ? kw_warm_resize(r->d->cache, (uint64_t)v->valuedouble, &doc)
                  : KW_EINVAL;
     if (rc == KW_EINVAL)
-        kw__req_error(r, rc, "resize: \"max_size\" must be bytes in [1M, 16T]",
-                      true);
+        kw__req_error(r, rc, "resize: \"max_size\" must be bytes in [1M, 16T]");
     else if (rc < 0)
-        kw__req_error(r, rc, kw_cache_last_error(r->d->cache), true);
+        kw__req_error(r, rc, kw_cache_last_error(r->d->cache));
     else
-        kw__req_send(r, KW_PROTO_RESULT, doc, true);
+        kw__req_finish(r, KW_PROTO_RESULT, doc);
     cJSON_Delete(doc);
 }

@@ -17,6 +17,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "kw_alloc.h"
 #include "kw_err.h"
 #include "log.h"
 
@@ -42,7 +43,9 @@ cJSON *kw__audit_json(const kw__miss *m)
               cJSON_AddStringToObject(o, "outcome",
                                       kw__audit_outcome_name(m->outcome)) != NULL;
     if (ok && m->have_key) {
+        kw_alloc_pause(); /* jit/'s tree: its failure paths leak */
         cJSON *k = kw_keys_key_json(&m->key);
+        kw_alloc_resume();
         ok = k != NULL && cJSON_AddItemToObject(o, "key", k);
     }
     if (!ok) {
@@ -90,7 +93,7 @@ void kw__audit_add(kw__audit *a, const kw__miss *m)
 size_t kw__audit_snapshot(kw__audit *a, uint64_t since, kw__miss **out)
 {
     pthread_mutex_lock(&a->mu);
-    kw__miss *v = malloc((a->n ? a->n : 1) * sizeof *v);
+    kw__miss *v = kw_malloc((a->n ? a->n : 1) * sizeof *v);
     size_t k = 0;
     for (size_t i = 0; v != NULL && i < a->n; i++) {
         const kw__miss *m = &a->ring[(a->next + KW__AUDIT_MAX - a->n + i) %
@@ -103,45 +106,59 @@ size_t kw__audit_snapshot(kw__audit *a, uint64_t since, kw__miss **out)
     return v ? k : 0;
 }
 
+/* Writes count records of v to the file (appended, or the whole file
+ * rewritten through a temporary one); true when they are on disk. */
+static bool write_records(kw__audit *a, const kw__miss *v, size_t count,
+                          bool rewrite)
+{
+    char tmp[sizeof a->path + 8];
+    snprintf(tmp, sizeof tmp, "%s.new", a->path);
+    FILE *f = fopen(rewrite ? tmp : a->path, rewrite ? "w" : "a");
+    bool ok = f != NULL;
+    for (size_t i = 0; ok && i < count; i++) {
+        cJSON *o = kw__audit_json(&v[i]);
+        char *line = o ? cJSON_PrintUnformatted(o) : NULL;
+        ok = line != NULL && fprintf(f, "%s\n", line) > 0;
+        free(line);
+        cJSON_Delete(o);
+    }
+    ok = f != NULL && fclose(f) == 0 && ok;
+    if (ok && rewrite)
+        ok = rename(tmp, a->path) == 0;
+    return ok;
+}
+
 /* Writes the records added since the last write to the file; rewrites it
- * from the ring when it has grown past twice the ring.  Flush work only. */
+ * from the ring when it has grown past twice the ring.  Flush work only;
+ * flushes never overlap (flush_mu), and the records count as written
+ * only once they are (a failed write is tried again by the next flush). */
 void kw__audit_flush(kw__audit *a)
 {
     if (a->path[0] == '\0')
         return;
+    pthread_mutex_lock(&a->flush_mu);
     pthread_mutex_lock(&a->mu);
-    uint64_t fresh = a->added - a->written;
+    uint64_t upto = a->added, fresh = a->added - a->written;
     if (fresh > a->n)
         fresh = a->n;
     bool rewrite = a->lines + fresh > 2 * KW__AUDIT_MAX;
     size_t count = rewrite ? a->n : (size_t)fresh;
-    kw__miss *v = malloc((count ? count : 1) * sizeof *v);
+    kw__miss *v = count ? kw_malloc(count * sizeof *v) : NULL;
     for (size_t i = 0; v != NULL && i < count; i++)
         v[i] = a->ring[(a->next + KW__AUDIT_MAX - count + i) % KW__AUDIT_MAX];
-    a->written = a->added;
     pthread_mutex_unlock(&a->mu);
-    if (v == NULL || count == 0) {
-        free(v);
-        return;
-    }
-    char tmp[sizeof a->path + 8];
-    snprintf(tmp, sizeof tmp, "%s.new", a->path);
-    FILE *f = fopen(rewrite ? tmp : a->path, rewrite ? "w" : "a");
-    for (size_t i = 0; f != NULL && i < count; i++) {
-        cJSON *o = kw__audit_json(&v[i]);
-        char *line = o ? cJSON_PrintUnformatted(o) : NULL;
-        if (line != NULL)
-            fprintf(f, "%s\n", line);
-        free(line);
-        cJSON_Delete(o);
-    }
-    bool ok = f != NULL && fclose(f) == 0;
-    if (ok && rewrite)
-        ok = rename(tmp, a->path) == 0;
+    bool ok = count == 0 || (v != NULL && write_records(a, v, count, rewrite));
     if (!ok)
-        KW_LOG(KW_LOG_WARNING, "miss audit: cannot write %s", a->path);
-    a->lines = rewrite ? count : a->lines + count;
+        KW_LOG(KW_LOG_WARNING, "miss audit: cannot write %s%s", a->path,
+               v == NULL ? " (out of memory)" : "");
+    if (ok && count > 0) {
+        pthread_mutex_lock(&a->mu);
+        a->written = upto;
+        pthread_mutex_unlock(&a->mu);
+        a->lines = rewrite ? count : a->lines + count;
+    }
     free(v);
+    pthread_mutex_unlock(&a->flush_mu);
 }
 
 /* Reads the records the file holds (the last KW__AUDIT_MAX are kept). */
@@ -165,9 +182,10 @@ static void load(kw__audit *a)
 int kw__audit_open(kw__audit *a, const char *cache_dir, bool read_only)
 {
     memset(a, 0, sizeof *a);
-    if ((a->ring = calloc(KW__AUDIT_MAX, sizeof *a->ring)) == NULL)
+    if ((a->ring = kw_calloc(KW__AUDIT_MAX, sizeof *a->ring)) == NULL)
         return KW_ENOMEM;
     pthread_mutex_init(&a->mu, NULL);
+    pthread_mutex_init(&a->flush_mu, NULL);
     if (!read_only &&
         snprintf(a->path, sizeof a->path, "%s/misses.jsonl", cache_dir) <
             (int)sizeof a->path)
@@ -183,6 +201,7 @@ void kw__audit_close(kw__audit *a)
         return;
     kw__audit_flush(a);
     pthread_mutex_destroy(&a->mu);
+    pthread_mutex_destroy(&a->flush_mu);
     free(a->ring);
     a->ring = NULL;
 }

@@ -14,6 +14,7 @@
 #include <sodium.h>
 #include <systemd/sd-daemon.h>
 
+#include "kw_alloc.h"
 #include "kw_err.h"
 #include "log.h"
 
@@ -41,6 +42,7 @@ void kw_daemon_opts_init(kw_daemon_opts *o)
     o->idle_timeout_ms = 60 * 1000;         /* silent clients go after 60 s */
     o->max_output = 16u << 20;              /* replies queued per connection */
     o->max_connections = 1024;              /* open connections at once */
+    o->max_keys_in_flight = 2000000;        /* keys of requests under way */
     o->max_held_reads = 64;                 /* snapshots held by replies */
     o->held_read_timeout_ms = 5000;         /* and for how long at most */
     o->loops = n >= 12 ? (unsigned)(n / 4 < 8 ? n / 4 : 8) : 2; /* serving
@@ -60,7 +62,9 @@ static void flush_work(uv_work_t *w)
 
 static void flush_done(uv_work_t *w, int status)
 {
+    kw__daemon *d = w->data;
     (void)status;
+    d->flushing = false; /* the next tick may start one */
     free(w);
 }
 
@@ -97,12 +101,16 @@ static void on_flush_timer(uv_timer_t *t)
         d->requests_trimmed = d->requests;
     }
     d->requests_at_tick = d->requests;
-    uv_work_t *w = malloc(sizeof *w);
+    /* One flush at a time: a slow one (an fsync, a rewrite of
+     * misses.jsonl) is not joined by the next tick's (issue 23). */
+    uv_work_t *w = d->flushing ? NULL : kw_malloc(sizeof *w);
     if (w == NULL)
         return;
     w->data = d;
     if (uv_queue_work(&d->loop, w, flush_work, flush_done) < 0)
         free(w);
+    else
+        d->flushing = true;
 }
 
 /* The end of a stop: every serving loop has ended, so everything a
@@ -145,6 +153,16 @@ static void on_stop_timer(uv_timer_t *t)
  * warm pipeline reports them cancelled, and kills running compiles), let
  * each warmup send its last frames, close idle connections now and the
  * others after their request's last frame (or after a grace period). */
+/* SIGHUP is logged and ignored: kwarmd has nothing to reload (its flags
+ * and --config are read once), and the default action would kill it
+ * with a stale socket when the terminal of a `kwarmd &` closes. */
+static void on_sighup(uv_signal_t *s, int signum)
+{
+    (void)s;
+    KW_LOG(KW_LOG_WARNING, "signal %d (SIGHUP): ignored; kwarmd does not "
+           "reload, restart it to apply new flags", signum);
+}
+
 static void on_signal(uv_signal_t *s, int signum)
 {
     kw__daemon *d = s->data;
@@ -152,11 +170,14 @@ static void on_signal(uv_signal_t *s, int signum)
         return;
     d->stopping = true;
     d->stop_at = uv_now(&d->loop);
+    if (d->alloc_at_stop > 0) /* tests only: fail an allocation of the stop */
+        kw_alloc_fail_at(d->alloc_at_stop);
     KW_LOG(KW_LOG_INFO, "signal %d: stopping", signum);
     sd_notify(0, "STOPPING=1\nSTATUS=stopping");
     uv_close((uv_handle_t *)&d->listener, NULL);
     uv_close((uv_handle_t *)&d->sigterm, NULL);
     uv_close((uv_handle_t *)&d->sigint, NULL);
+    uv_close((uv_handle_t *)&d->sighup, NULL);
     uv_close((uv_handle_t *)&d->flush_timer, NULL);
     kw_warm_cancel(d->warm);
     kw__jobs_cancel(d);
@@ -248,12 +269,15 @@ static int start(kw__daemon *d, char *err, size_t errlen)
         return rc;
     uv_signal_init(&d->loop, &d->sigterm);
     uv_signal_init(&d->loop, &d->sigint);
+    uv_signal_init(&d->loop, &d->sighup);
     uv_timer_init(&d->loop, &d->flush_timer);
     uv_timer_init(&d->loop, &d->stop_timer);
-    d->sigterm.data = d->sigint.data = d->flush_timer.data = d;
+    d->sigterm.data = d->sigint.data = d->sighup.data = d;
+    d->flush_timer.data = d;
     d->stop_timer.data = d;
     uv_signal_start(&d->sigterm, on_signal, SIGTERM);
     uv_signal_start(&d->sigint, on_signal, SIGINT);
+    uv_signal_start(&d->sighup, on_sighup, SIGHUP);
     uv_timer_start(&d->flush_timer, on_flush_timer, KW__FLUSH_MS, KW__FLUSH_MS);
     return 0;
 }
@@ -289,6 +313,22 @@ static void raise_fd_limit(unsigned max_connections)
                max_connections);
 }
 
+/* The fault-injection hook of tests (common/kw_alloc.h): with
+ * KWARMD_TEST_ALLOC_HOOK set, a request's "test_fail_alloc": N fails the
+ * N-th allocation made through kw_malloc and cJSON from its start, and a
+ * PONG says whether the last armed one fired; KWARMD_TEST_ALLOC_AT_STOP=N
+ * fails the N-th allocation after the stop signal. */
+static void init_alloc_test_hook(kw__daemon *d)
+{
+    const char *stop = getenv("KWARMD_TEST_ALLOC_AT_STOP");
+    d->alloc_hook = getenv("KWARMD_TEST_ALLOC_HOOK") != NULL;
+    d->alloc_at_stop = stop ? strtoull(stop, NULL, 10) : 0;
+    if (d->alloc_hook || d->alloc_at_stop > 0) {
+        cJSON_Hooks hooks = {kw_malloc, free};
+        cJSON_InitHooks(&hooks);
+    }
+}
+
 int kw_daemon_run(const kw_daemon_opts *o, char *err, size_t errlen)
 {
     kw__daemon d = {.opts = o, .lock_fd = -1, .remote_down = -1,
@@ -296,6 +336,12 @@ int kw_daemon_run(const kw_daemon_opts *o, char *err, size_t errlen)
     snprintf(d.version, sizeof d.version, "%s", KW_VERSION);
     d.test_peercred_fail = getenv("KWARMD_TEST_PEERCRED_FAIL") != NULL;
     kw__alloc_hook_init();
+    init_alloc_test_hook(&d);
+    /* Blocks of 1 MiB and more (a derivation's key arrays, grown by
+     * realloc) are mapped on their own and unmapped when freed: with
+     * glibc's sliding threshold they land in the job threads' arenas,
+     * which keep tens of MB each after a big keys request (issue 23). */
+    mallopt(M_MMAP_THRESHOLD, 1 << 20);
     signal(SIGPIPE, SIG_IGN); /* a client gone mid-write is an EPIPE */
     raise_fd_limit(o->max_connections);
     int rc = uv_loop_init(&d.loop);
@@ -323,6 +369,9 @@ int kw_daemon_run(const kw_daemon_opts *o, char *err, size_t errlen)
     if (d.lock_fd >= 0)
         close(d.lock_fd); /* releases the cache lock */
     kw_remote_close(d.remote); /* the workers are joined */
+    if (d.alloc_at_stop > 0) /* tests only: did the stop reach it? */
+        KW_LOG(KW_LOG_INFO, "test hook: %s", kw_alloc_failed() ? "fired"
+                                                               : "never fired");
     int crc = uv_loop_close(&d.loop);
     if (rc == 0 && crc < 0) {
         snprintf(err, errlen, "uv_loop_close: %s (a handle leaked)", uv_strerror(crc));

@@ -21,6 +21,7 @@
 
 #include <sodium.h>
 
+#include "kw_alloc.h"
 #include "kw_err.h"
 #include "log.h"
 
@@ -39,8 +40,11 @@ kw__conn *kw__req_conn(const kw__req *r)
 /* A request of c, holding a reference on c until it ends. */
 static kw__req *req_new(kw__conn *c, uint16_t type, const cJSON *hdr)
 {
-    kw__req *r = calloc(1, sizeof *r);
-    if (r == NULL || (hdr != NULL && (r->header = cJSON_Duplicate(hdr, 1)) == NULL)) {
+    kw__req *r = kw_calloc(1, sizeof *r);
+    if (r == NULL || (r->s = kw__stream_new(r, c->d->opts->max_output)) == NULL ||
+        (hdr != NULL && (r->header = cJSON_Duplicate(hdr, 1)) == NULL)) {
+        if (r != NULL)
+            kw__stream_unref(r->s);
         free(r);
         return NULL;
     }
@@ -68,12 +72,18 @@ void kw__daemon_request_end(kw__req *r)
     kw__loop *l = c->l; /* c may be freed below */
     kw__daemon *d = r->d;
     kw__metrics_request(d, r->type, !r->failed);
+    if (r->alloc_armed)
+        kw__alloc_hook_done(d);
     if (r->type == KW_PROTO_GET)
         kw__metrics_get(d, (uint64_t)((now_s() - r->t0) * 1e9));
     if (r->type == KW_PROTO_WARMUP)
         kw__heartbeat_end(r);
     kw_warm_job_release(r->job);
+    atomic_fetch_sub(&d->keys_in_flight, r->keys_charged);
+    kw__stream_unref(r->s); /* its writes still queued hold it */
     kw_keys_set_destroy(&r->set);
+    if (r->state_free != NULL)
+        r->state_free(r->state); /* a streaming handler that never ended */
     cJSON_Delete(r->header);
     cJSON_Delete(r->batch);
     free(r->log);
@@ -87,16 +97,18 @@ void kw__daemon_request_end(kw__req *r)
 void kw__daemon_request_abort(kw__req *r)
 {
     atomic_store(&r->aborted, true); /* a warmup's next result cancels */
+    kw__stream_abort(r->s); /* parked producers wake and stop */
     if (r->job != NULL)
         kw_warm_job_cancel(r->job); /* nobody will read its results */
 }
 
-void kw__daemon_run_job(kw__req *r)
+bool kw__daemon_run_job(kw__req *r)
 {
     switch (r->type) {
     case KW_PROTO_KEYS:
-        kw__run_keys(r);
-        break;
+        return kw__run_keys(r);
+    case KW_PROTO_LS:
+        return kw__run_ls(r);
     case KW_PROTO_WARMUP:
         kw__run_warmup(r);
         break;
@@ -105,9 +117,6 @@ void kw__daemon_run_job(kw__req *r)
         break;
     case KW_PROTO_MISSES:
         kw__run_misses(r);
-        break;
-    case KW_PROTO_LS:
-        kw__run_ls(r);
         break;
     case KW_PROTO_PINS:
         kw__run_pins(r);
@@ -121,11 +130,12 @@ void kw__daemon_run_job(kw__req *r)
     default:
         kw__run_evict(r);
     }
+    return false;
 }
 
 void kw__daemon_refuse_job(kw__req *r)
 {
-    kw__req_error(r, -ECANCELED, "kwarmd is stopping", true);
+    kw__req_error(r, -ECANCELED, "kwarmd is stopping");
 }
 
 /* Answers a ping; false when that was an error frame. */
@@ -134,6 +144,9 @@ static bool handle_ping(kw__conn *c)
     cJSON *h = cJSON_CreateObject();
     bool ok = h != NULL &&
               cJSON_AddStringToObject(h, "version", c->d->version) != NULL;
+    if (ok && c->d->alloc_hook) /* tests only */
+        ok = cJSON_AddBoolToObject(h, "alloc_fired",
+                                   atomic_load(&c->d->alloc_fired)) != NULL;
     if (!ok)
         kw__conn_error(c, KW_ENOMEM, NULL, false);
     else
@@ -302,7 +315,6 @@ static void get_finish(kw__req *r)
 static void on_get_result(const kw_warm_result *res, void *arg)
 {
     kw__req *r = arg;
-    kw__out *o = calloc(1, sizeof *o);
     static const int outcome[] = {[KW_WARM_HIT] = 1, [KW_WARM_REMOTE_HIT] = 3,
                                   [KW_WARM_COMPILED] = 1, [KW_WARM_FAILED] = 2,
                                   [KW_WARM_CANCELLED] = 4};
@@ -310,18 +322,13 @@ static void on_get_result(const kw_warm_result *res, void *arg)
     r->status = res->status;
     r->rc = res->rc;
     if (res->log != NULL)
-        r->log = strdup(res->log);
+        r->log = kw_strdup(res->log); /* NULL: the error names no log */
     if (res->status == KW_WARM_FAILED)
         KW_LOG(KW_LOG_WARNING, "compile of a %s key failed: %s",
                kw_keys_family_name(res->key->family), kw_strerror(res->rc));
-    if (o == NULL) { /* cannot reach the loop: the connection is lost */
-        KW_LOG(KW_LOG_ERR, "out of memory ending a get");
-        return;
-    }
-    o->req = r;
-    o->done = true;
-    o->on_loop = get_finish;
-    kw__daemon_post(o);
+    /* The final envelope was allocated with the request: this cannot
+     * fail, so the get always ends (issue 23). */
+    kw__stream_end(r, NULL, 0, get_finish);
 }
 
 /* Serves a get that started at t0 (now_s()): 0 answered, -1 answered by

@@ -14,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kw_alloc.h"
+
 #define SLOTS 1024 /* a power of two */
 
 struct kw__hits {
@@ -57,10 +59,10 @@ const uint8_t *kw__hits_get(kw__loop *l, const uint8_t *digest,
 void kw__hits_put(kw__loop *l, const uint8_t *digest, const kw_cache_info *info,
                   uint64_t size, const uint8_t *frame, size_t len)
 {
-    if (l->hits == NULL && (l->hits = calloc(1, sizeof *l->hits)) == NULL)
+    if (l->hits == NULL && (l->hits = kw_calloc(1, sizeof *l->hits)) == NULL)
         return; /* out of memory: headers are built each time */
     struct slot *s = slot_of(l->hits, digest);
-    uint8_t *copy = malloc(len);
+    uint8_t *copy = kw_malloc(len);
     if (copy == NULL)
         return;
     memcpy(copy, frame, len);

@@ -16,9 +16,11 @@
 #include "kw_daemon.h"
 #include "kw_keys.h"
 #include "kw_proto.h"
+#include "kw_queue.h"
 #include "kw_remote.h"
 #include "kw_warm.h"
 #include "metrics.h"
+#include "stream.h"
 
 #define KW__FRAMES_PER_READ 16   /* requests parsed per read callback */
 #define KW__FLUSH_MS 2000        /* cache hit flush period */
@@ -26,12 +28,12 @@
 #define KW__STOP_GRACE_MS 3000   /* after SIGTERM, connections still open
                                     then are closed whatever they wait on */
 #define KW__STREAM_KEYS 256      /* keys or results per streamed frame */
+#define KW__TRIM_KEYS 65536      /* a derivation this big trims the heap */
 #define KW__STREAM_BYTES (256u * 1024u) /* JSON bytes per streamed frame, about */
 #define KW__HEARTBEAT_MS 2000    /* a warmup silent this long gets an empty
                                     PROGRESS frame (heartbeat.c) */
 
 typedef struct kw__conn kw__conn;
-typedef struct kw__req kw__req;
 typedef struct kw__loop kw__loop;
 typedef struct kw__hits kw__hits;
 struct write_req; /* server.c's */
@@ -53,6 +55,8 @@ typedef struct kw__miss {
 
 typedef struct kw__audit {
     pthread_mutex_t mu; /* guards ring, next, n, added, written */
+    pthread_mutex_t flush_mu; /* held by a flush: one at a time; guards
+                                 lines */
     kw__miss *ring;     /* KW__AUDIT_MAX records */
     size_t next, n;
     uint64_t added, written;
@@ -76,19 +80,6 @@ uint64_t kw__audit_now(void);
  * 0, or KW_EINVAL with the field at fault in err (handlers.c). */
 int kw__key_from_json(const cJSON *h, kw_keys_key *k, char *err, size_t errlen);
 
-/* A frame for a connection, or the end of its request, made on any thread
- * and handed to the loop thread by kw__daemon_post(). */
-typedef struct kw__out {
-    struct kw__out *next;
-    kw__req *req;       /* the request it belongs to */
-    uint8_t *frame;     /* an encoded frame (owned), or NULL */
-    size_t len;
-    bool done;          /* the request is over after this */
-    /* Runs on the loop thread before the request ends (done only); for a
-     * get, which answers from the cache on the loop. */
-    void (*on_loop)(kw__req *r);
-} kw__out;
-
 /* A loop thread that serves connections (--loops of them, loops.c).  The
  * main loop accepts each peer and hands its socket to the loops in turn;
  * from then on the connection, its requests and its writes live on that
@@ -108,10 +99,10 @@ struct kw__loop {
     uv_idle_t resume;   /* runs connections whose buffer still holds frames */
     kw__conn *backlog;  /* those connections, linked through next_backlog */
     /* The outbox: frames from job and warm threads.  out_mu guards
-     * out_head/out_tail; outbox wakes the loop, which drains it whole. */
+     * outq; outbox wakes the loop, which drains it whole. */
     uv_async_t outbox;
     pthread_mutex_t out_mu;
-    kw__out *out_head, *out_tail;
+    kw_queue outq;      /* of kw__out, by node */
     /* Replies written straight from the cache's map, each holding a read
      * transaction until its write ends (server.c): oldest first, at most
      * --max-held-reads over all loops, none older than
@@ -136,8 +127,9 @@ typedef struct kw__daemon {
     const kw_daemon_opts *opts;
     uv_loop_t loop;     /* the main loop: listener, signals, timers */
     uv_pipe_t listener;
-    uv_signal_t sigterm, sigint;
+    uv_signal_t sigterm, sigint, sighup;
     uv_timer_t flush_timer;
+    bool flushing;      /* a flush is queued or running (main loop's) */
     kw__loop *loops;    /* --loops serving loops */
     unsigned nloops, next_loop;
     uv_async_t loop_done; /* a serving loop ended (after a stop) */
@@ -147,17 +139,20 @@ typedef struct kw__daemon {
     kw_remote *remote; /* fleet tier, or NULL; thread-safe itself */
     kw_warm *warm;     /* the warm pipeline; thread-safe itself */
     kw__audit audit;   /* gets that missed; thread-safe itself */
-    /* Job threads (jobs.c).  job_mu guards job_head/tail, jobs_stopping. */
+    /* Job threads (jobs.c).  job_mu guards job_q, jobs_stopping. */
     pthread_t job_threads[KW__JOB_THREADS];
     unsigned njob_threads;
     pthread_mutex_t job_mu;
     pthread_cond_t job_cv;
-    kw__req *job_head, *job_tail;
+    kw_queue job_q;     /* of kw__req, by jnode */
     bool jobs_stopping;
     uv_timer_t stop_timer; /* the SIGTERM grace period */
     uint64_t stop_at;      /* uv_now() of the signal */
     bool stopped;          /* the final close ran */
     bool test_peercred_fail; /* KWARMD_TEST_PEERCRED_FAIL: tests only */
+    bool alloc_hook;         /* KWARMD_TEST_ALLOC_HOOK: tests only */
+    uint64_t alloc_at_stop;  /* KWARMD_TEST_ALLOC_AT_STOP: tests only */
+    _Atomic bool alloc_fired; /* the last armed request's failure happened */
     _Atomic bool warned_max_conn; /* the connection cap was logged, not
                                      yet cleared */
     int remote_down;       /* the fleet tier's state last logged; -1: none */
@@ -166,6 +161,9 @@ typedef struct kw__daemon {
     _Atomic uint64_t held_expired; /* connections closed for one */
     _Atomic uint64_t held_copied;  /* replies copied out: the cap was full */
     _Atomic size_t nconns; /* open connections over all loops */
+    _Atomic uint64_t keys_in_flight; /* keys of requests not yet over
+                                        (--max-keys-in-flight) */
+    _Atomic uint64_t refused_keys;   /* requests refused for that budget */
     bool stopping;         /* the main loop's: a signal came */
     bool listening;
     bool bound; /* we created the socket file (not systemd) */
@@ -186,9 +184,15 @@ struct kw__req {
     kw__conn *conn;    /* holds a reference until the request ends */
     uint16_t type;
     cJSON *header;     /* the request's JSON, owned */
-    kw__req *next;     /* in the job queue */
+    kw_queue_node jnode; /* in the job queue */
     kw_warm_job *job;  /* get: the warm job (loop thread; released at the end) */
+    kw__stream *s;     /* its reply stream (stream.h), made when admitted */
+    void *state;       /* a yielding handler's state between runs */
+    void (*state_free)(void *state); /* frees it (at the request's end) */
+    size_t keys_charged; /* keys counted in d->keys_in_flight (set by the
+                            job thread, released by the loop at the end) */
     bool failed;       /* answered by an ERROR frame (the metrics) */
+    bool alloc_armed;  /* the test hook was armed for it (disarmed at end) */
     _Atomic bool aborted; /* the connection closed: stop what can stop */
     double t0;
     /* warmup: its keys and what streamed so far */
@@ -197,6 +201,7 @@ struct kw__req {
     cJSON *batch;      /* results not yet sent */
     size_t batch_n, batch_bytes;
     bool pin_failed;   /* "pin" asked, but the set was not recorded */
+    bool pin_stage;    /* every result is in: a job thread pins, ends it */
     /* warmup's heartbeat (heartbeat.c): frames posted and not yet sent,
      * "done" of the last PROGRESS built, the key count once the keys went
      * to warm (0 before), and (loop thread) uv_now() of the last frame */
@@ -210,18 +215,40 @@ struct kw__req {
     /* the peer, for log lines */
     uid_t uid;
     pid_t pid;
-    char text_config[256]; /* warmup: where the settings were found */
+    char text_config[KW_PROTO_ESCAPE_CAP]; /* warmup: where the settings
+                                              were found, escaped */
     /* stats: the loop's counters when it was asked */
     size_t nconns;
     uint64_t requests, protocol_errors, refused, refused_full;
 };
 
-/* Sends a frame of type with header h for r (encoded here, on any thread;
- * an encoding failure sends an error frame instead); done ends r. */
-void kw__req_send(kw__req *r, uint16_t type, const cJSON *h, bool done);
+/* Streams one PROGRESS frame with header h for r (any producer thread
+ * but warm's: it parks while r's stream is over its budget).  Returns 0,
+ * -ECANCELED (the client left: stop producing) or KW_ENOMEM (the frame
+ * is lost; r's final frame will be an ERROR). */
+int kw__req_progress(kw__req *r, const cJSON *h);
 
-/* Sends an ERROR frame for r (msg NULL: kw_strerror(code)); done ends r. */
-void kw__req_error(kw__req *r, int code, const char *msg, bool done);
+/* The same for a handler that yields: never waits; returns 1 when the
+ * budget is full after this frame (the handler returns, keeping its
+ * state, and is run again once the socket drained). */
+int kw__req_progress_yield(kw__req *r, const cJSON *h);
+
+/* The same from a warm callback: never parks; pauses r's warm job once
+ * the stream's budget is full (resumed when the socket drains). */
+int kw__req_progress_nowait(kw__req *r, const cJSON *h);
+
+/* Ends r with a frame of type and header h (h NULL, or one that cannot
+ * be encoded: an out-of-memory ERROR).  Never allocates past encoding,
+ * never parks: exactly one final frame per request. */
+void kw__req_finish(kw__req *r, uint16_t type, const cJSON *h);
+
+/* Ends r with an ERROR frame (msg NULL: kw_strerror(code)).  An ERROR is
+ * always final. */
+void kw__req_error(kw__req *r, int code, const char *msg);
+
+/* Charges n keys of r against the daemon-wide --max-keys-in-flight; 0,
+ * or -EBUSY with a message naming the budget in err. */
+int kw__req_charge_keys(kw__req *r, size_t n, char *err, size_t errlen);
 
 /* Derives the keys of a keys or warmup request's model and deployment;
  * 0, or a code with the message in err (requests.c). */
@@ -233,13 +260,33 @@ int kw__req_keys(const cJSON *h, kw_config_model *m, kw_config_deploy *d,
 int kw__req_digest(kw_cache *c, const cJSON *h, uint8_t digest[KW_KEYS_DIGEST_LEN],
                    char *err, size_t errlen);
 
+/* A derived key set packed for streaming (keypack.c): 66 bytes a key
+ * instead of 152, in the set's own buffer. */
+typedef struct kw__keypack {
+    uint8_t *buf;      /* packed keys, or NULL */
+    kw_keys_key *keys; /* the set as it was, when a key does not pack */
+    size_t n;
+    char archs[KW_CONFIG_MAX_ARCH][KW_CONFIG_ARCH_LEN];
+    size_t narchs;
+} kw__keypack;
+
+/* Takes set's keys into p (set is left empty). */
+void kw__keypack_take(kw__keypack *p, kw_keys_set *set);
+/* Unpacks key i, whose packed bytes start at off (0 for the first), into
+ * k; returns where key i + 1 starts.  Keys are read in order. */
+size_t kw__keypack_next(const kw__keypack *p, size_t i, size_t off,
+                        kw_keys_key *k);
+void kw__keypack_free(kw__keypack *p);
+
 /* The job handlers (requests.c, warmup.c), on a job thread. */
-void kw__run_keys(kw__req *r);
+/* keys and ls stream with yields: they return true when they yielded
+ * (their state in r->state), and are run again to go on. */
+bool kw__run_keys(kw__req *r);
+bool kw__run_ls(kw__req *r);
 void kw__run_stats(kw__req *r);
 void kw__run_evict(kw__req *r);
 void kw__run_warmup(kw__req *r);
 void kw__run_misses(kw__req *r);
-void kw__run_ls(kw__req *r);
 void kw__run_pins(kw__req *r);
 void kw__run_unpin(kw__req *r);
 void kw__run_resize(kw__req *r);
@@ -268,6 +315,9 @@ struct kw__conn {
     bool reading;     /* uv_read_start in effect */
     bool throttled;   /* queued passed --max-output: reading stopped */
     bool refusing;    /* refused: an error frame out, input drained */
+    bool broken;      /* a frame broke the protocol: its ERROR frame is
+                         out, nothing more is read or served; it closes
+                         once that frame is written */
     bool in_backlog;
     uid_t uid;
     gid_t gid;
@@ -276,7 +326,7 @@ struct kw__conn {
 
 /* Hands out to the loop thread: its frame is sent (unless the connection
  * closed meanwhile), then, when out->done, the request ends.  Any thread;
- * takes out (malloc'd) and its frame. */
+ * takes out (malloc'd, or the stream's fin when done) and its frame. */
 void kw__daemon_post(kw__out *out);
 
 /* Called by server.c on the loop thread when the connection of an active
@@ -297,6 +347,9 @@ kw__conn *kw__req_conn(const kw__req *r);
 extern _Thread_local bool kw__alloc_fail;
 extern uint16_t kw__alloc_fail_type;
 void kw__alloc_hook_init(void);
+/* The test hook's request ended: records whether its failure happened,
+ * and disarms it (jobs.c). */
+void kw__alloc_hook_done(kw__daemon *d);
 
 /* Job threads (jobs.c): start; queue a request (its handler runs there;
  * once cancelled, it is answered "kwarmd is stopping" at once); cancel
@@ -307,8 +360,10 @@ void kw__jobs_push(kw__daemon *d, kw__req *r);
 void kw__jobs_cancel(kw__daemon *d);
 void kw__jobs_stop(kw__daemon *d);
 
-/* Runs request r on a job thread (handlers.c). */
-void kw__daemon_run_job(kw__req *r);
+/* Runs request r on a job thread (handlers.c).  True when its handler
+ * yielded on a full stream budget (the request goes on: see
+ * kw__stream_park); false when it is over or left to warm. */
+bool kw__daemon_run_job(kw__req *r);
 
 /* Answers r with the daemon is stopping, from a job thread. */
 void kw__daemon_refuse_job(kw__req *r);
@@ -349,6 +404,11 @@ void kw__conn_refuse(kw__conn *c, int code, const char *msg);
  * written. */
 void kw__conn_send_frame(kw__conn *c, uint8_t *frame, size_t len,
                          bool close_after);
+
+/* The same for a frame charged to stream s: uncharged once written or
+ * dropped (kw__stream_uncharge). */
+void kw__conn_send_charged(kw__conn *c, uint8_t *frame, size_t len,
+                           bool close_after, kw__stream *s);
 
 /* Sends one frame to c (header encoded, payload copied into the frame). */
 void kw__conn_send(kw__conn *c, uint16_t type, const cJSON *header,

@@ -9,66 +9,91 @@
 #include "internal.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kw_alloc.h"
 #include "kw_err.h"
 #include "log.h"
 
-/* Posts frame (may be NULL) for r, ending r when done.  Out of memory for
- * the envelope, the frame is lost and the request cannot end: log it. */
-static void post(kw__req *r, uint8_t *frame, size_t len, bool done)
+/* Encodes h as a frame of type; NULL when h is NULL or out of memory. */
+static uint8_t *encode(uint16_t type, const cJSON *h, size_t *len)
 {
-    kw__out *o = calloc(1, sizeof *o);
-    if (o == NULL) {
-        free(frame);
-        KW_LOG(KW_LOG_ERR, "out of memory posting a reply");
+    uint8_t *frame = NULL;
+    if (h == NULL || kw_proto_encode(type, h, NULL, 0, &frame, len) < 0)
+        return NULL;
+    return frame;
+}
+
+int kw__req_progress(kw__req *r, const cJSON *h)
+{
+    size_t len = 0;
+    uint8_t *frame = encode(KW_PROTO_PROGRESS, h, &len);
+    if (frame == NULL) {
+        kw__stream_push(r, NULL, 0); /* marks the hole: nothing is sent */
+        return KW_ENOMEM;
+    }
+    return kw__stream_push(r, frame, len);
+}
+
+int kw__req_progress_yield(kw__req *r, const cJSON *h)
+{
+    size_t len = 0;
+    uint8_t *frame = encode(KW_PROTO_PROGRESS, h, &len);
+    return kw__stream_push_nowait(r, frame, len); /* NULL: marks the hole */
+}
+
+int kw__req_progress_nowait(kw__req *r, const cJSON *h)
+{
+    size_t len = 0;
+    uint8_t *frame = encode(KW_PROTO_PROGRESS, h, &len);
+    int rc = frame ? kw__stream_push_nowait(r, frame, len)
+                   : kw__stream_push_nowait(r, NULL, 0);
+    if (rc == 1)
+        kw__stream_pause_job(r);
+    return frame ? (rc > 0 ? 0 : rc) : KW_ENOMEM;
+}
+
+void kw__req_finish(kw__req *r, uint16_t type, const cJSON *h)
+{
+    size_t len = 0;
+    uint8_t *frame = encode(type, h, &len);
+    if (frame == NULL && h != NULL) { /* the reply did not fit in memory */
+        kw__req_error(r, KW_ENOMEM, "reply could not be encoded");
         return;
     }
-    o->req = r;
-    o->frame = frame;
-    o->len = len;
-    o->done = done;
-    kw__daemon_post(o);
+    kw__stream_end(r, frame, len, NULL);
 }
 
-/* The error frame of last resort, when not even an error can be encoded
- * (out of memory): fixed text, no cJSON.  NULL when malloc fails too. */
-static uint8_t *oom_frame(size_t *len)
-{
-    static const char json[] = "{\"error\":\"out of memory\","
-                               "\"code\":\"KW_ENOMEM\"}";
-    uint8_t *f = malloc(KW_PROTO_HEAD_LEN + sizeof json - 1);
-    if (f == NULL)
-        return NULL;
-    kw_proto_encode_head(f, KW_PROTO_ERROR, sizeof json - 1, 0);
-    memcpy(f + KW_PROTO_HEAD_LEN, json, sizeof json - 1);
-    *len = KW_PROTO_HEAD_LEN + sizeof json - 1;
-    return f;
-}
-
-void kw__req_error(kw__req *r, int code, const char *msg, bool done)
+void kw__req_error(kw__req *r, int code, const char *msg)
 {
     uint8_t *frame = NULL;
     size_t len = 0;
     kw__alloc_fail = false; /* the test hook fails a request, not its error */
     r->failed = true; /* read on the loop once the request ends (metrics) */
     if (kw_proto_error_frame(code, msg, &frame, &len) < 0)
-        frame = oom_frame(&len);
-    post(r, frame, len, done);
+        frame = NULL; /* the stream's error frame of last resort */
+    kw__stream_end(r, frame, len, NULL);
 }
 
-void kw__req_send(kw__req *r, uint16_t type, const cJSON *h, bool done)
+int kw__req_charge_keys(kw__req *r, size_t n, char *err, size_t errlen)
 {
-    uint8_t *frame = NULL;
-    size_t len = 0;
-    int rc = h != NULL ? kw_proto_encode(type, h, NULL, 0, &frame, &len)
-                       : KW_ENOMEM;
-    if (rc < 0) {
-        kw__req_error(r, rc, "reply could not be encoded", done);
-        return;
-    }
-    post(r, frame, len, done);
+    kw__daemon *d = r->d;
+    uint64_t max = d->opts->max_keys_in_flight;
+    uint64_t cur = atomic_load(&d->keys_in_flight);
+    do {
+        if (cur + n > max) {
+            atomic_fetch_add(&d->refused_keys, 1);
+            snprintf(err, errlen, "%zu keys would pass the budget of keys in "
+                     "flight (--max-keys-in-flight %llu; %llu in flight now): "
+                     "retry when other requests are over", n,
+                     (unsigned long long)max, (unsigned long long)cur);
+            return -EBUSY;
+        }
+    } while (!atomic_compare_exchange_weak(&d->keys_in_flight, &cur, cur + n));
+    r->keys_charged = n;
+    return 0;
 }
 
 /* A job thread: runs queued requests until stopped; once stopping, the
@@ -78,21 +103,23 @@ static void *job_main(void *arg)
     kw__daemon *d = arg;
     pthread_mutex_lock(&d->job_mu);
     for (;;) {
-        while (d->job_head == NULL && !d->jobs_stopping)
+        while (kw_queue_empty(&d->job_q) && !d->jobs_stopping)
             pthread_cond_wait(&d->job_cv, &d->job_mu);
-        kw__req *r = d->job_head;
-        if (r == NULL)
+        kw_queue_node *n = kw_queue_pop(&d->job_q);
+        if (n == NULL)
             break;
-        d->job_head = r->next;
-        if (d->job_head == NULL)
-            d->job_tail = NULL;
+        kw__req *r = KW_QUEUE_ENTRY(n, kw__req, jnode);
         bool stopping = d->jobs_stopping;
         pthread_mutex_unlock(&d->job_mu);
         if (stopping) {
             kw__daemon_refuse_job(r);
         } else {
             kw__alloc_fail = kw__alloc_fail_type == r->type; /* tests only */
-            kw__daemon_run_job(r);
+            /* A handler that yielded on a full budget goes on at once
+             * when room came meanwhile; else it is parked, and the loop
+             * queues it again (no job thread waits for a slow client). */
+            while (kw__daemon_run_job(r) && kw__stream_park(r))
+                ;
             kw__alloc_fail = false;
         }
         pthread_mutex_lock(&d->job_mu);
@@ -110,7 +137,7 @@ uint16_t kw__alloc_fail_type;
  * fails while this thread serves a request of that type. */
 static void *hook_malloc(size_t n)
 {
-    return kw__alloc_fail ? NULL : malloc(n);
+    return kw__alloc_fail ? NULL : kw_malloc(n);
 }
 
 void kw__alloc_hook_init(void)
@@ -151,12 +178,7 @@ void kw__jobs_push(kw__daemon *d, kw__req *r)
         kw__daemon_refuse_job(r);
         return;
     }
-    r->next = NULL;
-    if (d->job_tail != NULL)
-        d->job_tail->next = r;
-    else
-        d->job_head = r;
-    d->job_tail = r;
+    kw_queue_push(&d->job_q, &r->jnode);
     pthread_cond_signal(&d->job_cv);
     pthread_mutex_unlock(&d->job_mu);
 }
@@ -181,4 +203,10 @@ void kw__jobs_stop(kw__daemon *d)
     d->njob_threads = 0;
     pthread_cond_destroy(&d->job_cv);
     pthread_mutex_destroy(&d->job_mu);
+}
+
+void kw__alloc_hook_done(kw__daemon *d)
+{
+    atomic_store(&d->alloc_fired, kw_alloc_failed());
+    kw_alloc_fail_at(0);
 }

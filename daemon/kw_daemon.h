@@ -31,8 +31,14 @@ typedef struct kw_daemon_opts {
     uint64_t max_size;         /* cache size limit in bytes */
     unsigned idle_timeout_ms;  /* a silent connection is closed after it */
     uint64_t max_output;       /* reply bytes queued per connection before
-                                  kwarmd stops reading it (16 MiB) */
+                                  kwarmd stops reading it, and the budget
+                                  of each streamed reply: its producer
+                                  waits past it (16 MiB) */
     unsigned max_connections;  /* open connections; the next is refused */
+    uint64_t max_keys_in_flight; /* keys of keys/warmup requests under way
+                                  over the whole daemon (2,000,000); a
+                                  request that would pass it is refused
+                                  with an error naming the flag */
     unsigned loops;            /* threads serving connections (a quarter
                                   of the cores, 2 to 8) */
     unsigned max_held_reads;   /* replies written from the cache's map that

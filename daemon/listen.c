@@ -22,6 +22,7 @@
 
 #include <systemd/sd-daemon.h>
 
+#include "kw_alloc.h"
 #include "kw_err.h"
 #include "log.h"
 
@@ -130,7 +131,7 @@ static void on_connection(uv_stream_t *server, int status)
         return;
     /* libuv hands over one accepted socket per callback (uv_accept may be
      * called once), so the per-event work is bounded already. */
-    uv_pipe_t *p = malloc(sizeof *p);
+    uv_pipe_t *p = kw_malloc(sizeof *p);
     uv_os_fd_t fd = -1;
     if (p == NULL)
         return;
@@ -148,37 +149,39 @@ static void on_connection(uv_stream_t *server, int status)
 void kw__daemon_post(kw__out *o)
 {
     kw__loop *l = kw__req_conn(o->req)->l;
-    o->next = NULL;
     atomic_fetch_add(&o->req->hb_pending, 1);
     pthread_mutex_lock(&l->out_mu);
-    if (l->out_tail != NULL)
-        l->out_tail->next = o;
-    else
-        l->out_head = o;
-    l->out_tail = o;
+    kw_queue_push(&l->outq, &o->node);
     pthread_mutex_unlock(&l->out_mu);
     uv_async_send(&l->outbox);
 }
 
 /* Sends or drops one posted item, then ends its request when done.  While
- * stopping, the connection closes after a request's last frame. */
+ * stopping, the connection closes after a request's last frame.  A
+ * charged frame is uncharged from the request's stream once written or
+ * dropped; the final item is the stream's own envelope (not freed). */
 static void deliver(kw__loop *l, kw__out *o)
 {
     kw__req *r = o->req;
     kw__conn *c = kw__req_conn(r);
-    bool close_after = o->done && l->stopping;
+    bool done = o->done, close_after = done && l->stopping;
     if (o->on_loop != NULL)
         o->on_loop(r);
     if (o->frame != NULL && !c->closing)
-        kw__conn_send_frame(c, o->frame, o->len, close_after);
-    else
+        kw__conn_send_charged(c, o->frame, o->len, close_after,
+                              o->charged ? r->s : NULL);
+    else if (o->frame != NULL) {
         free(o->frame);
+        if (o->charged)
+            kw__stream_uncharge(r->s, o->len);
+    }
     if (close_after && o->frame == NULL)
         kw__conn_close(c);
     kw__heartbeat_delivered(r);
-    if (o->done)
-        kw__daemon_request_end(r);
-    free(o);
+    if (!done)
+        free(o);
+    else
+        kw__daemon_request_end(r); /* o is r's stream's: freed with it */
 }
 
 /* The outbox's async callback: drains the whole queue (sends coalesce). */
@@ -186,13 +189,12 @@ static void on_outbox(uv_async_t *h)
 {
     kw__loop *l = h->data;
     pthread_mutex_lock(&l->out_mu);
-    kw__out *list = l->out_head;
-    l->out_head = l->out_tail = NULL;
+    kw_queue_node *n = kw_queue_take(&l->outq, 0, NULL);
     pthread_mutex_unlock(&l->out_mu);
-    while (list != NULL) {
-        kw__out *next = list->next;
-        deliver(l, list);
-        list = next;
+    while (n != NULL) {
+        kw_queue_node *next = n->next; /* deliver frees the item */
+        deliver(l, KW_QUEUE_ENTRY(n, kw__out, node));
+        n = next;
     }
 }
 

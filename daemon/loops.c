@@ -20,6 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "kw_alloc.h"
 #include "kw_err.h"
 #include "log.h"
 
@@ -120,7 +121,7 @@ static int loop_init(kw__daemon *d, kw__loop *l)
 int kw__loops_start(kw__daemon *d, char *err, size_t errlen)
 {
     unsigned n = d->opts->loops ? d->opts->loops : 1;
-    d->loops = calloc(n, sizeof *d->loops);
+    d->loops = kw_calloc(n, sizeof *d->loops);
     if (d->loops == NULL) {
         snprintf(err, errlen, "serving loops: out of memory");
         return KW_ENOMEM;
@@ -157,7 +158,7 @@ void kw__loops_hand(kw__daemon *d, int fd)
     pthread_mutex_lock(&l->mu);
     if (l->nfds == l->fds_cap) {
         size_t cap = l->fds_cap ? 2 * l->fds_cap : 16;
-        int *f = realloc(l->fds, cap * sizeof *f);
+        int *f = kw_realloc(l->fds, cap * sizeof *f);
         if (f == NULL) {
             pthread_mutex_unlock(&l->mu);
             close(fd); /* out of memory: the peer sees a hang-up */

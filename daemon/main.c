@@ -16,8 +16,10 @@
 
 #include "kw_cache.h"
 #include "kw_daemon.h"
+#include "kw_alloc.h"
 #include "kw_err.h"
 #include "kw_parse.h"
+#include "kw_json.h"
 #include "kw_keys.h"
 #include "kw_proto.h"
 #include "kw_remote.h"
@@ -29,6 +31,7 @@ static const char usage[] =
     "              [--compile-timeout S] [--compile-memory SIZE]\n"
     "              [--compile-helper PATH]\n"
     "              [--max-output SIZE] [--max-connections N] [--deny-root]\n"
+    "              [--max-keys-in-flight N]\n"
     "              [--log-level error|warn|info|debug] [--read-only]\n"
     "              [--allow-uid UID]... [--allow-gid GID]... [--idle-timeout MS]\n"
     "              [--socket-mode MODE]\n"
@@ -60,8 +63,12 @@ static const char usage[] =
     "  --max-connections N open connections at once; the next one gets an\n"
     "                      error frame and is closed (1024)\n"
     "  --max-output SIZE   replies queued for one connection before kwarmd\n"
-    "                      stops reading its requests (16M); one that reads\n"
-    "                      nothing for --idle-timeout is dropped\n"
+    "                      stops reading its requests (16M); a streamed reply\n"
+    "                      waits past it; one that reads nothing for\n"
+    "                      --idle-timeout is dropped\n"
+    "  --max-keys-in-flight N  keys of keys and warmup requests under way in\n"
+    "                      the whole daemon (2000000); a request that would\n"
+    "                      pass it is refused with an error naming the flag\n"
     "  --idle-timeout MS   close connections silent this long (60000)\n"
     "  --max-held-reads N  hits are written from the cache's map without a\n"
     "                      copy; a reply the socket does not take at once\n"
@@ -89,6 +96,8 @@ static const char usage[] =
     "                      [IPV6]:PORT, numeric (off by default)\n"
     "  --config FILE       JSON object with these names, e.g. {\"jobs\": 4}\n"
     "  --version, --help\n";
+
+#define KW__CONFIG_MAX (1u << 20) /* bytes of a --config file */
 
 typedef int (*setter)(kw_daemon_opts *o, const char *v);
 
@@ -268,6 +277,17 @@ static int set_max_output(kw_daemon_opts *o, const char *v)
     return rc;
 }
 
+static int set_max_keys(kw_daemon_opts *o, const char *v)
+{
+    uint64_t n;
+    int rc = kw_parse_u64(v, 1ull << 32, &n);
+    if (rc == 0 && n == 0)
+        rc = KW_EINVAL;
+    if (rc == 0)
+        o->max_keys_in_flight = n;
+    return rc;
+}
+
 static int set_loops(kw_daemon_opts *o, const char *v)
 {
     uint64_t n;
@@ -356,6 +376,7 @@ static const struct option_def {
     {"compile-helper", set_compile_helper, "a file path"},
     {"max-output", set_max_output, "a size in [64K, 16G] (bytes, or K/M/G)"},
     {"max-connections", set_max_connections, "an integer in [1, 1000000]"},
+    {"max-keys-in-flight", set_max_keys, "an integer in [1, 4294967296]"},
     {"max-held-reads", set_max_held, "an integer in [0, 128]"},
     {"held-read-timeout", set_held_timeout, "milliseconds in [10, 3600000]"},
     {"deny-root", set_deny_root, "true or false"},
@@ -384,9 +405,9 @@ static const struct option_def *find_option(const char *name)
 }
 
 /* Applies one value of a --config member (a string, a number, or an
- * array of them for the repeatable options). */
+ * array of them for the repeatable options); where names FILE:LINE. */
 static int config_value(kw_daemon_opts *o, const struct option_def *def,
-                        const cJSON *v, const char *path)
+                        const cJSON *v, const char *where)
 {
     char num[32];
     const char *text = NULL;
@@ -400,42 +421,91 @@ static int config_value(kw_daemon_opts *o, const struct option_def *def,
         text = num;
     }
     if (text == NULL || def->set(o, text) < 0) {
-        fprintf(stderr, "kwarmd: %s: /%s: must be %s\n", path, def->name, def->what);
+        fprintf(stderr, "kwarmd: %s: /%s: must be %s\n", where, def->name,
+                def->what);
         return KW_EINVAL;
     }
     return 0;
 }
 
-/* Reads --config FILE: a JSON object whose members are option names. */
-static int load_config(kw_daemon_opts *o, const char *path)
+/* The line of text on which member name's key is (1 when not found): the
+ * strict reader refused duplicate names, so a top-level key is unique. */
+static unsigned member_line(const char *text, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = text; (p = strchr(p, '"')) != NULL; p++) {
+        const char *q = p + 1 + n;
+        if (strncmp(p + 1, name, n) != 0 || *q != '"')
+            continue;
+        for (q++; *q == ' ' || *q == '\t' || *q == '\r' || *q == '\n'; q++)
+            ;
+        if (*q != ':')
+            continue;
+        unsigned line = 1;
+        for (const char *c = text; c < p; c++)
+            line += *c == '\n';
+        return line;
+    }
+    return 1;
+}
+
+/* Reads all of path (at most KW__CONFIG_MAX bytes) into *buf, NUL-ended. */
+static int read_config(const char *path, char **buf, size_t *len)
 {
     FILE *f = fopen(path, "rb");
-    char *buf = f ? malloc(1 << 20) : NULL;
-    size_t n = buf ? fread(buf, 1, (1 << 20) - 1, f) : 0;
+    char *b = f ? kw_malloc(KW__CONFIG_MAX + 1) : NULL;
+    size_t n = b ? fread(b, 1, KW__CONFIG_MAX + 1, f) : 0;
+    int e = errno;
     if (f)
         fclose(f);
-    if (buf == NULL) {
-        fprintf(stderr, "kwarmd: --config %s: %s\n", path, strerror(errno));
+    if (b == NULL) {
+        fprintf(stderr, "kwarmd: --config %s: %s\n", path, strerror(f ? ENOMEM : e));
         return KW_EINVAL;
     }
-    buf[n] = '\0';
-    cJSON *root = cJSON_ParseWithLengthOpts(buf, n + 1, NULL, 1);
-    free(buf);
-    int rc = cJSON_IsObject(root) ? 0 : KW_EINVAL;
+    if (n > KW__CONFIG_MAX) {
+        fprintf(stderr, "kwarmd: --config %s: larger than %u bytes\n", path,
+                KW__CONFIG_MAX);
+        free(b);
+        return KW_EINVAL;
+    }
+    b[n] = '\0';
+    *buf = b;
+    *len = n;
+    return 0;
+}
+
+/* Reads --config FILE: a JSON object whose members are option names,
+ * through common/'s strict reader (a byte-order mark, a duplicate option
+ * or a trailing byte is refused); every error names the file, the line
+ * and the option. */
+static int load_config(kw_daemon_opts *o, const char *path)
+{
+    char *buf = NULL, why[KW_JSON_ERRLEN], where[4200];
+    size_t n = 0;
+    cJSON *root = NULL;
+    if (read_config(path, &buf, &n) < 0)
+        return KW_EINVAL;
+    int rc = kw_json_parse(buf, n, 8, &root, why, sizeof why);
     if (rc < 0)
-        fprintf(stderr, "kwarmd: --config %s: not a JSON object\n", path);
+        fprintf(stderr, "kwarmd: --config %s: %s\n", path,
+                rc == KW_EJSON ? why : kw_strerror(rc));
+    else if (!cJSON_IsObject(root))
+        fprintf(stderr, "kwarmd: --config %s: line 1: not a JSON object\n", path);
+    rc = rc == 0 && cJSON_IsObject(root) ? 0 : KW_EINVAL;
     for (const cJSON *it = root ? root->child : NULL; rc == 0 && it; it = it->next) {
         const struct option_def *def = find_option(it->string);
+        snprintf(where, sizeof where, "%s:%u", path, member_line(buf, it->string));
         if (def == NULL) {
-            fprintf(stderr, "kwarmd: %s: /%s: unknown option\n", path, it->string);
+            fprintf(stderr, "kwarmd: %s: /%s: unknown option\n", where, it->string);
             rc = KW_EINVAL;
         } else if (cJSON_IsArray(it)) {
             for (const cJSON *e = it->child; rc == 0 && e; e = e->next)
-                rc = config_value(o, def, e, path);
+                rc = config_value(o, def, e, where);
         } else
-            rc = config_value(o, def, it, path);
+            rc = config_value(o, def, it, where);
     }
     cJSON_Delete(root);
+    free(buf);
     return rc;
 }
 

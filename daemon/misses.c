@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kw_alloc.h"
 #include "kw_err.h"
 
 /* One cached entry, enough to compare with a miss. */
@@ -38,7 +39,7 @@ static int collect(const uint8_t digest[KW_CACHE_DIGEST_LEN],
         return 0; /* another build's family: nothing to compare */
     if (es->n == es->cap) {
         size_t cap = es->cap ? es->cap * 2 : 256;
-        entry *v = realloc(es->v, cap * sizeof *v);
+        entry *v = kw_realloc(es->v, cap * sizeof *v);
         if (v == NULL)
             return KW_ENOMEM;
         es->v = v;
@@ -115,7 +116,7 @@ void kw__run_misses(kw__req *r)
 {
     const cJSON *since = cJSON_GetObjectItemCaseSensitive(r->header, "since");
     if (since != NULL && (!cJSON_IsNumber(since) || since->valuedouble < 0)) {
-        kw__req_error(r, KW_EINVAL, "misses: \"since\" must be seconds >= 0", true);
+        kw__req_error(r, KW_EINVAL, "misses: \"since\" must be seconds >= 0");
         return;
     }
     uint64_t now = kw__audit_now(), age = since ? (uint64_t)since->valuedouble : 0;
@@ -135,7 +136,7 @@ void kw__run_misses(kw__req *r)
         if (arr == NULL)
             rc = KW_ENOMEM;
         if (rc == 0)
-            kw__req_send(r, KW_PROTO_PROGRESS, h, false);
+            rc = kw__req_progress(r, h); /* parks while the client is slow */
         cJSON_Delete(h);
     }
     cJSON *res = rc == 0 ? cJSON_CreateObject() : NULL;
@@ -145,9 +146,9 @@ void kw__run_misses(kw__req *r)
         res = NULL;
     }
     if (rc < 0)
-        kw__req_error(r, rc, NULL, true);
+        kw__req_error(r, rc, NULL);
     else
-        kw__req_send(r, KW_PROTO_RESULT, res, true);
+        kw__req_finish(r, KW_PROTO_RESULT, res);
     cJSON_Delete(res);
     free(es.v);
     free(v);

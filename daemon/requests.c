@@ -7,14 +7,17 @@
  */
 #include "internal.h"
 
+#include <errno.h>
+#include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kw_alloc.h"
 #include "kw_err.h"
 #include "log.h"
 
-int kw__req_keys(const cJSON *h, kw_config_model *m, kw_config_deploy *d,
-                 kw_keys_set *set, char *err, size_t errlen)
+static int req_keys(const cJSON *h, kw_config_model *m, kw_config_deploy *d,
+                    kw_keys_set *set, char *err, size_t errlen)
 {
     const cJSON *cfg = cJSON_GetObjectItemCaseSensitive(h, "config");
     const cJSON *dep = cJSON_GetObjectItemCaseSensitive(h, "deployment");
@@ -51,64 +54,138 @@ int kw__req_keys(const cJSON *h, kw_config_model *m, kw_config_deploy *d,
     return rc;
 }
 
-/* Streams set's keys in PROGRESS frames of KW__STREAM_KEYS; 0 or
- * KW_ENOMEM (the frames sent so far stand). */
-static int stream_keys(kw__req *r, const kw_keys_set *set)
+/* A keys request between its runs: the packed keys, where the stream
+ * is, and the RESULT made before the first key was sent. */
+typedef struct keys_state {
+    kw__keypack p;
+    size_t i, off;
+    cJSON *result;
+} keys_state;
+
+static void keys_state_free(void *arg)
 {
-    for (size_t i = 0; i < set->nkeys;) {
+    keys_state *st = arg;
+    if (st == NULL)
+        return;
+    kw__keypack_free(&st->p);
+    cJSON_Delete(st->result);
+    free(st);
+}
+
+/* The allocation test hook (common/kw_alloc.h) is paused across jit/'s
+ * config and key code, whose failure paths are not daemon/'s to test. */
+int kw__req_keys(const cJSON *h, kw_config_model *m, kw_config_deploy *d,
+                 kw_keys_set *set, char *err, size_t errlen)
+{
+    kw_alloc_pause();
+    int rc = req_keys(h, m, d, set, err, errlen);
+    kw_alloc_resume();
+    return rc;
+}
+
+/* Streams the keys of st from where it stopped, in PROGRESS frames of
+ * KW__STREAM_KEYS; 0 at the end, 1 when the stream's budget is full (the
+ * caller yields), KW_ENOMEM or -ECANCELED (the client left). */
+static int stream_keys(kw__req *r, keys_state *st)
+{
+    const kw__keypack *p = &st->p;
+    while (st->i < p->n) {
         cJSON *h = cJSON_CreateObject(), *arr = h ? cJSON_AddArrayToObject(h, "keys")
                                                   : NULL;
         if (arr == NULL) {
             cJSON_Delete(h);
             return KW_ENOMEM;
         }
-        for (size_t n = 0; n < KW__STREAM_KEYS && i < set->nkeys; n++, i++) {
-            cJSON *k = kw_keys_key_json(&set->keys[i]);
+        for (size_t n = 0; n < KW__STREAM_KEYS && st->i < p->n; n++, st->i++) {
+            kw_keys_key key;
+            st->off = kw__keypack_next(p, st->i, st->off, &key);
+            kw_alloc_pause(); /* jit/'s tree: its failure paths leak */
+            cJSON *k = kw_keys_key_json(&key);
+            kw_alloc_resume();
             if (k == NULL) {
                 cJSON_Delete(h);
                 return KW_ENOMEM;
             }
             cJSON_AddItemToArray(arr, k);
         }
-        kw__req_send(r, KW_PROTO_PROGRESS, h, false);
+        int rc = kw__req_progress_yield(r, h);
         cJSON_Delete(h);
+        if (rc != 0)
+            return rc;
     }
     return 0;
 }
 
 /* The RESULT of keys: the document without its keys, plus "count". */
-static int keys_result(kw__req *r, const kw_config_model *m,
-                       const kw_config_deploy *d, const kw_keys_set *set)
+static int keys_result(const kw_config_model *m, const kw_config_deploy *d,
+                       const kw_keys_set *set, size_t count, cJSON **out)
 {
     kw_keys_set none = *set;
     cJSON *doc = NULL;
     none.nkeys = 0;
+    none.keys = NULL;
+    kw_alloc_pause(); /* jit/'s tree: its failure paths leak */
     int rc = kw_keys_to_json(m, d, &none, &doc);
+    kw_alloc_resume();
     if (rc == 0) {
         cJSON_DeleteItemFromObjectCaseSensitive(doc, "keys");
-        if (cJSON_AddNumberToObject(doc, "count", (double)set->nkeys) == NULL)
+        if (cJSON_AddNumberToObject(doc, "count", (double)count) == NULL)
             rc = KW_ENOMEM;
     }
-    if (rc == 0)
-        kw__req_send(r, KW_PROTO_RESULT, doc, true);
-    cJSON_Delete(doc);
+    if (rc < 0)
+        cJSON_Delete(doc);
+    else
+        *out = doc;
     return rc;
 }
 
-void kw__run_keys(kw__req *r)
+/* The first run of a keys request: derive, charge, pack, make the RESULT;
+ * 0 with r->state set, or a code with the message in err. */
+static int keys_begin(kw__req *r, char *err, size_t errlen)
 {
     kw_config_model m;
     kw_config_deploy d;
     kw_keys_set set = {0};
-    char err[KW_CONFIG_ERRLEN];
-    int rc = kw__req_keys(r->header, &m, &d, &set, err, sizeof err);
-    if (rc == 0 && (rc = stream_keys(r, &set)) == 0)
-        rc = keys_result(r, &m, &d, &set);
-    if (rc < 0)
-        kw__req_error(r, rc, rc == KW_ENOMEM ? NULL : err, true);
+    keys_state *st = kw_calloc(1, sizeof *st);
+    int rc = st ? kw__req_keys(r->header, &m, &d, &set, err, errlen) : KW_ENOMEM;
+    if (st == NULL)
+        return rc;
+    if (rc == 0)
+        rc = kw__req_charge_keys(r, set.nkeys, err, errlen);
+    if (rc == 0)
+        rc = keys_result(&m, &d, &set, set.nkeys, &st->result);
+    if (rc == 0)
+        kw__keypack_take(&st->p, &set);
     kw_keys_set_destroy(&set);
     kw_config_model_destroy(&m);
     kw_config_deploy_destroy(&d);
+    /* The derivation's scratch is freed but kept by glibc's arena of this
+     * thread; give it back before the (maybe long) stream. */
+    if (st->p.n >= KW__TRIM_KEYS || rc < 0)
+        malloc_trim(0);
+    if (rc < 0) {
+        keys_state_free(st);
+        return rc;
+    }
+    r->state = st;
+    r->state_free = keys_state_free;
+    return 0;
+}
+
+bool kw__run_keys(kw__req *r)
+{
+    char err[KW_CONFIG_ERRLEN];
+    int rc = r->state != NULL ? 0 : keys_begin(r, err, sizeof err);
+    if (rc == 0 && (rc = stream_keys(r, r->state)) == 1)
+        return true; /* yielded: the budget is full */
+    if (rc < 0) {
+        kw__req_error(r, rc, rc == KW_ENOMEM || rc == -ECANCELED ||
+                             r->state != NULL ? NULL : err);
+        return false;
+    }
+    keys_state *st = r->state;
+    kw__req_finish(r, KW_PROTO_RESULT, st->result);
+    return false; /* the state goes with the request */
 }
 
 /* Adds n numbers to h; false when an allocation failed (h is then
@@ -172,7 +249,7 @@ void kw__run_stats(kw__req *r)
     uint64_t v[NSTATS];
     int rc = kw_cache_stats_get(r->d->cache, &st);
     if (rc < 0) {
-        kw__req_error(r, rc, NULL, true);
+        kw__req_error(r, rc, NULL);
         return;
     }
     kw_warm_stats_get(r->d->warm, &ws);
@@ -186,10 +263,10 @@ void kw__run_stats(kw__req *r)
         kw__metrics_format(r->d, &st, &ws, &rs, &text, &len) < 0 ||
         cJSON_AddStringToObject(h, "prometheus", text) == NULL) {
         cJSON_Delete(h);
-        h = NULL; /* kw__req_send answers KW_ENOMEM */
+        h = NULL; /* kw__req_finish answers KW_ENOMEM */
     }
     free(text);
-    kw__req_send(r, KW_PROTO_RESULT, h, true);
+    kw__req_finish(r, KW_PROTO_RESULT, h);
     cJSON_Delete(h);
 }
 
@@ -206,7 +283,7 @@ void kw__run_evict(kw__req *r)
     if (rc == 0)
         rc = kw_cache_remove(r->d->cache, digest);
     if (rc < 0 && rc != KW_ENOTFOUND) {
-        kw__req_error(r, rc, rc == KW_EINVAL ? err : NULL, true);
+        kw__req_error(r, rc, rc == KW_EINVAL ? err : NULL);
         return;
     }
     cJSON *h = cJSON_CreateObject();
@@ -214,6 +291,6 @@ void kw__run_evict(kw__req *r)
         cJSON_Delete(h);
         h = NULL;
     }
-    kw__req_send(r, KW_PROTO_RESULT, h, true);
+    kw__req_finish(r, KW_PROTO_RESULT, h);
     cJSON_Delete(h);
 }

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kw_alloc.h"
 #include "kw_err.h"
 #include "log.h"
 
@@ -26,6 +27,7 @@ typedef struct write_req {
     void *payload;    /* owned, sent after frame without a copy; or NULL */
     size_t payload_cap;
     size_t bytes;     /* frame and payload: counted in conn->queued */
+    kw__stream *charge; /* the stream this frame is charged to, or NULL */
     /* A payload written straight from the cache's map: the view (and its
      * read transaction) is held until the write ends, in d's held list,
      * oldest first (held.c's rules, below). */
@@ -69,7 +71,7 @@ static void *take_buffer(kw__conn *c, size_t min, size_t *cap)
         c->spare = NULL;
         return b;
     }
-    if ((b = realloc(b, min)) == NULL)
+    if ((b = kw_realloc(b, min)) == NULL)
         return NULL; /* the spare, if any, is still c's */
     c->spare = NULL;
     *cap = min;
@@ -100,7 +102,7 @@ void kw__conn_close(kw__conn *c)
  * queue under its cap, not closing.  A refused connection only drains. */
 static void update_reading(kw__conn *c)
 {
-    bool want = !c->closing && !c->l->stopping &&
+    bool want = !c->closing && !c->l->stopping && !c->broken &&
                 (c->refusing || (c->active == NULL && !c->throttled));
     if (want && !c->reading)
         uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read);
@@ -177,6 +179,10 @@ void kw__held_check(uv_timer_t *t)
 /* Frees w and what it owns; a held view is released. */
 static void write_free(write_req *w)
 {
+    if (w->charge != NULL) {
+        kw__stream_uncharge(w->charge, w->bytes);
+        kw__stream_unref(w->charge);
+    }
     if (w->view.data != NULL) {
         held_unlink(w->conn->l, w);
         kw_cache_release(&w->view);
@@ -287,8 +293,8 @@ void kw__conn_send_view_frame(kw__conn *c, const uint8_t *frame, size_t len,
     ssize_t n = c->closing ? UV_ECANCELED
                            : write_now(c, (uint8_t *)frame, len, v);
     bool rest = n >= 0 && (size_t)n < len + v->len;
-    write_req *w = rest ? calloc(1, sizeof *w) : NULL;
-    uint8_t *own = w == NULL || owned ? (uint8_t *)frame : malloc(len);
+    write_req *w = rest ? kw_calloc(1, sizeof *w) : NULL;
+    uint8_t *own = w == NULL || owned ? (uint8_t *)frame : kw_malloc(len);
     if (w == NULL || own == NULL) { /* all written at once (the usual
                                        case), or lost */
         if (owned)
@@ -308,19 +314,31 @@ void kw__conn_send_view_frame(kw__conn *c, const uint8_t *frame, size_t len,
     queue_view(c, w, (size_t)n, len, v, first);
 }
 
-void kw__conn_send_frame(kw__conn *c, uint8_t *frame, size_t len,
-                         bool close_after)
+void kw__conn_send_charged(kw__conn *c, uint8_t *frame, size_t len,
+                           bool close_after, kw__stream *s)
 {
-    write_req *w = calloc(1, sizeof *w);
-    if (c->closing || w == NULL) {
-        free(w);
+    write_req *w = c->closing ? NULL : kw_calloc(1, sizeof *w);
+    if (w == NULL) {
         free(frame);
+        if (s != NULL)
+            kw__stream_uncharge(s, len);
+        /* A frame lost out of memory would leave the client waiting for
+         * it: the connection is closed instead (issue 23). */
+        kw__conn_close(c);
         return;
     }
     *w = (write_req){.conn = c, .frame = frame, .close_after = close_after,
-                     .bytes = len};
+                     .bytes = len, .charge = s};
+    if (s != NULL)
+        s->refs++; /* the stream outlives its request while this waits */
     uv_buf_t b = uv_buf_init((char *)frame, (unsigned)len);
     queue_write(c, w, &b, 1);
+}
+
+void kw__conn_send_frame(kw__conn *c, uint8_t *frame, size_t len,
+                         bool close_after)
+{
+    kw__conn_send_charged(c, frame, len, close_after, NULL);
 }
 
 void kw__conn_send(kw__conn *c, uint16_t type, const cJSON *header,
@@ -367,7 +385,7 @@ void kw__conn_refuse(kw__conn *c, int code, const char *msg)
      * timer gives up), then close. */
     c->refusing = true;
     kw__conn_error(c, code, msg, false);
-    uv_shutdown_t *req = malloc(sizeof *req);
+    uv_shutdown_t *req = kw_malloc(sizeof *req);
     if (req == NULL) {
         kw__conn_close(c);
         return;
@@ -384,7 +402,9 @@ void kw__conn_refuse(kw__conn *c, int code, const char *msg)
 /* ---- the backlog: pipelined frames left after a read ------------------- */
 
 /* A frame that broke the protocol: one ERROR frame (naming both versions
- * when only the version is wrong), then the connection closes. */
+ * when only the version is wrong), then reading stops for good and the
+ * connection closes once the frame is written: whatever else the peer
+ * sent is never parsed, logged or counted (issue 23). */
 static void protocol_error(kw__conn *c, int rc)
 {
     char esc[KW_PROTO_ESCAPE_CAP], msg[128];
@@ -396,8 +416,10 @@ static void protocol_error(kw__conn *c, int rc)
         snprintf(msg, sizeof msg, "protocol version %u is not supported: "
                  "kwarmd speaks version %u", kw_proto_frame_version(c->buf, c->len),
                  KW_PROTO_VERSION);
-    kw__conn_error(c, rc, rc == KW_EVERSION ? msg : NULL, true);
+    c->broken = true;
     c->len = 0;
+    update_reading(c);
+    kw__conn_error(c, rc, rc == KW_EVERSION ? msg : NULL, true);
 }
 
 /* Runs each connection of the backlog once more (KW__FRAMES_PER_READ
@@ -442,7 +464,21 @@ static void backlog_add(kw__conn *c)
 static bool may_serve(const kw__conn *c)
 {
     return !c->closing && !c->active && !c->throttled && !c->refusing &&
-           !c->l->stopping;
+           !c->broken && !c->l->stopping;
+}
+
+/* Tests only (KWARMD_TEST_ALLOC_HOOK): arms the allocation hook for m
+ * when it asks so ("test_fail_alloc": N). */
+static bool arm_alloc_hook(kw__conn *c, const kw_msg *m)
+{
+    const cJSON *n = c->d->alloc_hook
+                         ? cJSON_GetObjectItemCaseSensitive(m->header,
+                                                            "test_fail_alloc")
+                         : NULL;
+    if (!cJSON_IsNumber(n) || n->valuedouble < 1)
+        return false;
+    kw_alloc_fail_at((uint64_t)n->valuedouble);
+    return true;
 }
 
 /* Parses and serves buffered requests, at most KW__FRAMES_PER_READ per
@@ -465,7 +501,12 @@ static void process(kw__conn *c)
         }
         c->d->requests++;
         kw__alloc_fail = kw__alloc_fail_type == m.type; /* tests only */
+        bool armed = arm_alloc_hook(c, &m);
         kw__daemon_dispatch(c, &m);
+        if (armed && c->active != NULL)
+            c->active->alloc_armed = true; /* disarmed at its end */
+        else if (armed)
+            kw__alloc_hook_done(c->d);
         kw__alloc_fail = false;
         kw_msg_destroy(&m);
         memmove(c->buf, c->buf + used, c->len - used);
@@ -497,7 +538,7 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b)
     }
     /* UV_ENOBUFS (a full buffer: impossible for valid requests, which
      * parse before the cap), EOF and errors all end the connection. */
-    if (c->refusing)
+    if (c->refusing || c->broken)
         return;
     c->len += (size_t)n;
     uv_timer_again(&c->idle);
@@ -548,8 +589,8 @@ void kw__conn_start(kw__conn *c, unsigned idle_ms)
 kw__conn *kw__conn_new(kw__loop *l)
 {
     kw__daemon *d = l->d;
-    kw__conn *c = calloc(1, sizeof *c);
-    uint8_t *buf = malloc(KW_PROTO_MAX_REQUEST);
+    kw__conn *c = kw_calloc(1, sizeof *c);
+    uint8_t *buf = kw_malloc(KW_PROTO_MAX_REQUEST);
     if (c == NULL || buf == NULL) {
         free(c);
         free(buf);

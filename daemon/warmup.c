@@ -39,8 +39,9 @@ static size_t settled(const kw__req *r)
 }
 
 /* Sends the batch as one PROGRESS frame and starts a new one.  Out of
- * memory, the batch is lost and an error frame says so (the request
- * goes on: its RESULT still counts every key). */
+ * memory, the batch is lost and the request's final frame becomes an
+ * ERROR saying so (an ERROR is always final: issue 23).  Never parks
+ * warm's thread: past the stream's budget the warm job is paused. */
 static void flush_batch(kw__req *r)
 {
     if (r->batch_n == 0)
@@ -55,11 +56,7 @@ static void flush_batch(kw__req *r)
     r->batch = NULL;
     r->batch_n = r->batch_bytes = 0;
     atomic_store(&r->hb_done, settled(r));
-    if (ok)
-        kw__req_send(r, KW_PROTO_PROGRESS, h, false);
-    else
-        kw__req_error(r, KW_ENOMEM, "warmup: results lost (out of memory)",
-                      false);
+    kw__req_progress_nowait(r, ok ? h : NULL);
     cJSON_Delete(h);
 }
 
@@ -78,9 +75,9 @@ static void send_result(kw__req *r)
         ok = cJSON_AddBoolToObject(h, "pinned", !r->pin_failed) != NULL;
     if (!ok) {
         cJSON_Delete(h);
-        h = NULL; /* kw__req_send answers KW_ENOMEM and ends the request */
+        h = NULL; /* kw__req_finish answers KW_ENOMEM and ends the request */
     }
-    kw__req_send(r, KW_PROTO_RESULT, h, true);
+    kw__req_finish(r, KW_PROTO_RESULT, h);
     cJSON_Delete(h);
 }
 
@@ -130,8 +127,8 @@ static void log_failure(const kw_warm_result *res)
 }
 
 /* With "pin": NAME and every key cached, records the deployment's pin set
- * (an LMDB write, here on a warm thread); a failure is sent as an error
- * frame before the RESULT and counted in "pin_failed". */
+ * (an LMDB write, on a job thread: run_pin_stage); a failure is logged and
+ * the RESULT says "pinned": false. */
 static void pin(kw__req *r)
 {
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(r->header, "pin");
@@ -144,6 +141,9 @@ static void pin(kw__req *r)
     }
     if (kw_warm_pin(r->d->cache, name->valuestring, r->set.keys, r->set.nkeys,
                     err, sizeof err) < 0) {
+        for (char *p = err; *p != '\0'; p++) /* it may name the client's pin */
+            if ((unsigned char)*p < 0x20 || *p == 0x7f)
+                *p = '?';
         KW_LOG(KW_LOG_WARNING, "warmup: %s", err);
         r->pin_failed = true;
     }
@@ -165,21 +165,42 @@ static void log_warmup(const kw__req *r)
 static void on_result(const kw_warm_result *res, void *arg)
 {
     kw__req *r = arg;
-    if (atomic_load(&r->aborted) && res->job != NULL)
-        kw_warm_job_cancel(res->job); /* the client left */
+    bool gone = atomic_load(&r->aborted);
+    if (gone && res->job != NULL)
+        kw_warm_job_cancel(res->job); /* the client left (once: cheap after) */
     r->count[res->status]++;
     if (res->status == KW_WARM_FAILED && res->rc != KW_EROFS) /* not a compile */
         log_failure(res);
-    if (!add_result(r, res))
+    /* Nobody reads a client that left: its results are counted, not
+     * built into frames (a stop with 100,000 keys queued ends sooner). */
+    if (!gone && !add_result(r, res))
         KW_LOG(KW_LOG_ERR, "out of memory streaming a warmup result");
-    if (r->batch_n >= KW__STREAM_KEYS || r->batch_bytes >= KW__STREAM_BYTES ||
-        !res->more || res->last)
+    if (!gone && (r->batch_n >= KW__STREAM_KEYS ||
+                  r->batch_bytes >= KW__STREAM_BYTES || !res->more || res->last))
         flush_batch(r);
-    if (res->last) {
-        pin(r);
-        log_warmup(r);
-        send_result(r);
+    if (!res->last)
+        return;
+    if (cJSON_IsString(cJSON_GetObjectItemCaseSensitive(r->header, "pin")) &&
+        r->count[KW_WARM_FAILED] + r->count[KW_WARM_CANCELLED] == 0) {
+        /* The pin is an LMDB write with an fsync: a job thread makes it,
+         * not warm's thread, where it would hold up every other request's
+         * results (issue 23). */
+        r->pin_stage = true;
+        kw__jobs_push(r->d, r);
+        return;
     }
+    pin(r); /* only marks a partial deployment unpinned */
+    log_warmup(r);
+    send_result(r);
+}
+
+/* The pin stage of a warmup, on a job thread: records the pin set, then
+ * the RESULT. */
+static void run_pin_stage(kw__req *r)
+{
+    pin(r);
+    log_warmup(r);
+    send_result(r);
 }
 
 /* kwarmd stopped before the keys reached the pipeline: every key is
@@ -197,17 +218,25 @@ static void cancel_all(kw__req *r)
 
 void kw__run_warmup(kw__req *r)
 {
+    if (r->pin_stage) {
+        run_pin_stage(r);
+        return;
+    }
     kw_config_model m;
     kw_config_deploy d;
     char err[KW_CONFIG_ERRLEN];
     int rc = kw__req_keys(r->header, &m, &d, &r->set, err, sizeof err);
-    if (rc == 0)
-        snprintf(r->text_config, sizeof r->text_config, "%s",
-                 m.text_config ? m.text_config : "/");
+    if (rc == 0) { /* client text: escaped for the log (issue 23) */
+        const char *tc = m.text_config ? m.text_config : "/";
+        kw_proto_escape((const uint8_t *)tc, strlen(tc), r->text_config,
+                        sizeof r->text_config);
+    }
     kw_config_model_destroy(&m);
     kw_config_deploy_destroy(&d);
+    if (rc == 0)
+        rc = kw__req_charge_keys(r, r->set.nkeys, err, sizeof err);
     if (rc < 0) {
-        kw__req_error(r, rc, rc == KW_ENOMEM ? NULL : err, true);
+        kw__req_error(r, rc, rc == KW_ENOMEM ? NULL : err);
         return;
     }
     if (r->set.nkeys == 0) {
@@ -217,23 +246,27 @@ void kw__run_warmup(kw__req *r)
     }
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(r->header, "pin");
     if (name != NULL && !cJSON_IsString(name)) {
-        kw__req_error(r, KW_EINVAL, "warmup: \"pin\" must be a string", true);
+        kw__req_error(r, KW_EINVAL, "warmup: \"pin\" must be a string");
         return;
     }
     /* Nothing is written when the deployment cannot fit beside the pins. */
     if ((rc = kw_warm_plan_check(r->d->cache, r->set.keys, r->set.nkeys, err,
                                  sizeof err)) < 0) {
-        kw__req_error(r, rc, err, true);
+        kw__req_error(r, rc, err);
         return;
     }
-    /* From here the request belongs to warm's callbacks; no handle is
-     * kept (a client that leaves is noticed by the next callback).  The
-     * loop may now send heartbeats (heartbeat.c). */
+    /* From here the request belongs to warm's callbacks; the stream keeps
+     * the job's handle, to pause it past the budget and to cancel it when
+     * the client leaves.  The loop may now send heartbeats (heartbeat.c). */
     atomic_store(&r->hb_total, r->set.nkeys);
+    /* The stream's lock is held across the submit so that no callback
+     * posts before the stream knows the job it may pause (they wait). */
+    pthread_mutex_lock(&r->s->mu);
     rc = kw_warm_submit(r->d->warm, r->set.keys, r->set.nkeys, KW_WARM_PROTECT,
-                        on_result, r, NULL);
+                        on_result, r, &r->s->job);
+    pthread_mutex_unlock(&r->s->mu);
     if (rc == -ECANCELED)
         cancel_all(r);
     else if (rc < 0)
-        kw__req_error(r, rc, NULL, true);
+        kw__req_error(r, rc, NULL);
 }

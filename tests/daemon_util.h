@@ -164,6 +164,19 @@ static inline void kwd_init(kwd *d, const char *tag)
                  "bind %s: %s", d->notify, strerror(errno));
 }
 
+/* Removes the directory of a daemon that is gone, and frees its slot, so
+ * that one test may start more than four daemons in turn. */
+static inline void kwd_forget(kwd *d)
+{
+    kw_test_rmtree(d->dir);
+    for (size_t i = 0; i < 4; i++)
+        if (strcmp(kwd_dirs[i], d->dir) == 0)
+            kwd_dirs[i][0] = '\0';
+    if (d->notify_fd >= 0)
+        close(d->notify_fd);
+    d->notify_fd = -1;
+}
+
 /* Forks and execs kwarmd with args (NULL-terminated, after argv[0]),
  * NOTIFY_SOCKET=d->notify, stdin and stdout /dev/null, stderr appended to
  * log.  Returns the pid (tracked for kwd_cleanup). */

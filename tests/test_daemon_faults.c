@@ -672,3 +672,58 @@ Test(daemon_faults, refuses_a_regular_file_at_the_socket_path)
     free(text);
     free(log);
 }
+
+/* ---- a protocol error ends the reading (issue 23) ----------------------- */
+
+/* Lines of d's log holding needle. */
+static int log_count(const kwd *d, const char *needle)
+{
+    char *s = kwd_log(d->log);
+    int n = 0;
+    for (const char *p = s; (p = strstr(p, needle)) != NULL; p += strlen(needle))
+        n++;
+    free(s);
+    return n;
+}
+
+/* 50 connections each send 128 KiB of garbage in 128 writes (so that
+ * some reach kwarmd in later reads than the first): each gets exactly one
+ * ERROR frame and then the end of the connection, and kwarmd logs and
+ * counts exactly one protocol error for each. */
+Test(daemon_faults, a_garbage_stream_gets_one_error_frame_then_the_end)
+{
+    kwd d;
+    kwc good;
+    start_with_good(&d, "kwf-garb", 1, NULL, &good);
+    uint8_t chunk[4096];
+    random_garbage(chunk);
+    int fl;
+    for (int i = 0; i < 50; i++) {
+        kwc bad;
+        kwc_must_open(&bad, d.sock);
+        fl = fcntl(bad.fd, F_GETFL);
+        fcntl(bad.fd, F_SETFL, fl | O_NONBLOCK);
+        for (int k = 0; k < 128; k++) /* a full or closed socket: fine */
+            if (send(bad.fd, chunk, 1024, MSG_NOSIGNAL) < 0 && errno != EAGAIN)
+                break;
+        fcntl(bad.fd, F_SETFL, fl);
+        kwr r;
+        int rc = kwc_recv(&bad, &r, 5000);
+        cr_assert_eq(rc, 0, "[%d] no ERROR frame: %d", i, rc);
+        kwr_expect_type(&r, KW_PROTO_ERROR, "garbage");
+        cr_expect_str_eq(kwr_str(&r, "code"), "KW_EPROTO");
+        kwr_free(&r);
+        rc = kwc_recv(&bad, &r, 5000);
+        if (rc == 0)
+            kwr_free(&r);
+        /* Bytes never read make the close a reset: the end either way. */
+        cr_expect(rc == KWC_EOF || rc == -ECONNRESET,
+                  "[%d] after the ERROR frame: %s, want the end", i,
+                  rc == 0 ? "another frame" : kw_strerror(rc));
+        kwc_close(&bad);
+    }
+    cr_expect_eq(kwc_stat(&good, "protocol_errors"), 50);
+    cr_expect_eq(log_count(&d, "; closing (input: "), 50,
+                 "one log line per garbage connection");
+    kwd_down(&d, &good);
+}

@@ -37,34 +37,46 @@ typedef struct walk {
     cJSON *entries; /* array being filled */
     uint64_t bytes;
     int rc;
+    size_t max;     /* kw_warm_ls_page: entries a page holds (0: all) */
+    uint8_t next[KW_CACHE_DIGEST_LEN]; /* where the next page starts */
+    bool more;      /* an entry was left for the next page */
 } walk;
 
 /* Adds info's fields to e, by name when the family is known. */
-static void add_fields(cJSON *e, const kw_cache_info *info)
+static bool add_fields(cJSON *e, const kw_cache_info *info)
 {
     kw_k_family fam;
     bool known = kw_keys_family_from_name(info->family, &fam) == 0 &&
                  kw_keys_nfields(fam) == info->nfields;
     cJSON *f = known ? cJSON_AddObjectToObject(e, "fields")
                      : cJSON_AddArrayToObject(e, "fields");
-    for (uint32_t i = 0; f != NULL && i < info->nfields; i++) {
+    bool ok = f != NULL;
+    for (uint32_t i = 0; ok && i < info->nfields; i++) {
         cJSON *v = known && kw_keys_field_is_bool(fam, i)
                        ? cJSON_CreateBool(info->fields[i] != 0)
                        : cJSON_CreateNumber((double)info->fields[i]);
-        if (known)
-            cJSON_AddItemToObject(f, kw_keys_field_name(fam, i), v);
-        else
-            cJSON_AddItemToArray(f, v);
+        ok = v != NULL && (known ? cJSON_AddItemToObject(f, kw_keys_field_name(fam, i), v)
+                                 : cJSON_AddItemToArray(f, v));
+        if (!ok)
+            cJSON_Delete(v); /* not attached: ours to free */
     }
+    return ok;
 }
 
-/* Splits the comma-separated pin names into an array "pins" of e. */
-static void add_pins(cJSON *e, char *names)
+/* Splits the comma-separated pin names into an array "pins" of e; false
+ * when out of memory. */
+static bool add_pins(cJSON *e, char *names)
 {
     cJSON *arr = cJSON_AddArrayToObject(e, "pins");
-    for (char *save = NULL, *n = strtok_r(names, ",", &save); arr && n;
-         n = strtok_r(NULL, ",", &save))
-        cJSON_AddItemToArray(arr, cJSON_CreateString(n));
+    bool ok = arr != NULL;
+    for (char *save = NULL, *n = strtok_r(names, ",", &save); ok && n;
+         n = strtok_r(NULL, ",", &save)) {
+        cJSON *v = cJSON_CreateString(n);
+        ok = v != NULL && cJSON_AddItemToArray(arr, v);
+        if (!ok)
+            cJSON_Delete(v);
+    }
+    return ok;
 }
 
 /* True when the comma-separated list names holds name. */
@@ -108,17 +120,54 @@ static int visit(const uint8_t digest[KW_CACHE_DIGEST_LEN],
         return w->rc = KW_ENOMEM;
     }
     kw_keys_hex(digest, hex);
-    cJSON_AddStringToObject(e, "digest", hex);
-    cJSON_AddStringToObject(e, "family", info->family);
-    cJSON_AddStringToObject(e, "arch", info->arch);
-    add_fields(e, info);
-    cJSON_AddNumberToObject(e, "size", (double)info->size);
-    cJSON_AddNumberToObject(e, "created", (double)info->created);
-    cJSON_AddNumberToObject(e, "last_used", (double)info->last_used);
-    cJSON_AddNumberToObject(e, "hits", (double)info->hits);
-    cJSON_AddBoolToObject(e, "pinned", info->pinned);
-    add_pins(e, names);
+    /* An entry with a member missing would read as whole: out of memory,
+     * the listing fails instead. */
+    bool ok = cJSON_AddStringToObject(e, "digest", hex) &&
+              cJSON_AddStringToObject(e, "family", info->family) &&
+              cJSON_AddStringToObject(e, "arch", info->arch) &&
+              add_fields(e, info) &&
+              cJSON_AddNumberToObject(e, "size", (double)info->size) &&
+              cJSON_AddNumberToObject(e, "created", (double)info->created) &&
+              cJSON_AddNumberToObject(e, "last_used", (double)info->last_used) &&
+              cJSON_AddNumberToObject(e, "hits", (double)info->hits) &&
+              cJSON_AddBoolToObject(e, "pinned", info->pinned) &&
+              add_pins(e, names);
+    if (!ok)
+        return w->rc = KW_ENOMEM;
     w->bytes += info->size;
+    return 0;
+}
+
+/* The page's stop: the entry that did not fit starts the next page. */
+static int visit_page(const uint8_t digest[KW_CACHE_DIGEST_LEN],
+                      const kw_cache_info *info, void *arg)
+{
+    walk *w = arg;
+    if (w->max > 0 && (size_t)cJSON_GetArraySize(w->entries) >= w->max) {
+        memcpy(w->next, digest, KW_CACHE_DIGEST_LEN);
+        w->more = true;
+        return 1;
+    }
+    return visit(digest, info, w);
+}
+
+int kw_warm_ls_page(kw_cache *c, const kw_warm_filter *f, uint8_t *from,
+                    size_t max, cJSON **entries, uint64_t *bytes, bool *more)
+{
+    walk w = {.f = f, .c = c, .max = max};
+    w.entries = cJSON_CreateArray();
+    int rc = w.entries ? kw_cache_foreach_from(c, from, visit_page, &w)
+                       : KW_ENOMEM;
+    if (rc >= 0 && w.rc < 0)
+        rc = w.rc;
+    if (rc < 0) {
+        cJSON_Delete(w.entries);
+        return rc;
+    }
+    memcpy(from, w.next, KW_CACHE_DIGEST_LEN);
+    *more = w.more;
+    *bytes = w.bytes;
+    *entries = w.entries;
     return 0;
 }
 

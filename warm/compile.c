@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "kw_alloc.h"
 #include "kw_err.h"
 
 /* ---- the table (w->mu held) ------------------------------------------- */
@@ -29,7 +30,7 @@ static size_t bucket(const kw_warm *w, const uint8_t *digest)
 
 int kw__warm_table_init(kw_warm *w)
 {
-    w->table = calloc(TABLE_MIN, sizeof *w->table);
+    w->table = kw_calloc(TABLE_MIN, sizeof *w->table);
     w->table_cap = TABLE_MIN;
     return w->table != NULL ? 0 : KW_ENOMEM;
 }
@@ -47,7 +48,7 @@ flight *kw__warm_table_find(kw_warm *w, const uint8_t *digest)
 static void table_grow(kw_warm *w)
 {
     size_t cap = w->table_cap * 2;
-    flight **t = calloc(cap, sizeof *t);
+    flight **t = kw_calloc(cap, sizeof *t);
     if (t == NULL)
         return;
     flight **old = w->table;
@@ -76,7 +77,7 @@ static void table_remove(kw_warm *w, flight *f)
 
 flight *kw__warm_flight_new(kw_warm *w, const kw_keys_key *k)
 {
-    flight *f = calloc(1, sizeof *f);
+    flight *f = kw_calloc(1, sizeof *f);
     if (f == NULL)
         return NULL;
     f->key = *k;
@@ -86,11 +87,7 @@ flight *kw__warm_flight_new(kw_warm *w, const kw_keys_key *k)
     f->next_h = w->table[b];
     w->table[b] = f;
     w->ntable++;
-    if (w->q_tail != NULL)
-        w->q_tail->next_q = f;
-    else
-        w->q_head = f;
-    w->q_tail = f;
+    kw_queue_push(&w->compile_q, &f->qnode);
     w->nqueued++;
     pthread_cond_signal(&w->compile_cv);
     return f;
@@ -226,15 +223,16 @@ void kw__warm_finish(kw_warm *w, flight *f, bool in_table, const outcome *o)
  * streaming caller sends few frames for 100,000 cancelled keys. */
 static void cancel_queue(kw_warm *w)
 {
-    flight *list = w->q_head;
-    w->q_head = w->q_tail = NULL;
+    kw_queue_node *n = kw_queue_take(&w->compile_q, 0, NULL);
     w->nqueued = 0;
-    for (flight *f = list; f != NULL; f = f->next_q)
-        table_remove(w, f);
+    for (kw_queue_node *p = n; p != NULL; p = p->next)
+        table_remove(w, KW_QUEUE_ENTRY(p, flight, qnode));
     pthread_mutex_unlock(&w->mu);
+    flight *list = n ? KW_QUEUE_ENTRY(n, flight, qnode) : NULL;
     while (list != NULL) {
         flight *f = list;
-        list = f->next_q;
+        list = f->qnode.next ? KW_QUEUE_ENTRY(f->qnode.next, flight, qnode)
+                             : NULL;
         for (waiter *wt = f->waiters, *next; wt != NULL; wt = next) {
             next = wt->next;
             bool more = next != NULL || (list != NULL && list->waiters != NULL &&
@@ -253,19 +251,17 @@ void *kw__warm_compile_main(void *arg)
     kw_warm *w = arg;
     pthread_mutex_lock(&w->mu);
     for (;;) {
-        while (w->q_head == NULL && !w->stopping)
+        while (kw_queue_empty(&w->compile_q) && !w->stopping)
             pthread_cond_wait(&w->compile_cv, &w->mu);
-        if (w->stopping && w->q_head != NULL) {
+        if (w->stopping && !kw_queue_empty(&w->compile_q)) {
             cancel_queue(w);
             pthread_mutex_lock(&w->mu);
             continue;
         }
-        flight *f = w->q_head;
-        if (f == NULL)
+        kw_queue_node *qn = kw_queue_pop(&w->compile_q);
+        if (qn == NULL)
             break; /* stopping and drained */
-        w->q_head = f->next_q;
-        if (w->q_head == NULL)
-            w->q_tail = NULL;
+        flight *f = KW_QUEUE_ENTRY(qn, flight, qnode);
         w->nqueued--;
         /* Out of the table now when nobody will get a compile, so a key
          * submitted later starts a new flight instead of joining this. */

@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 
+#include "kw_queue.h"
 #include "kw_warm.h"
 #include "pool.h"
 
@@ -23,7 +24,7 @@ typedef struct flight {
     kw_keys_key key;
     waiter *waiters;     /* guarded by w->mu */
     bool purge;          /* a waiter saw a corrupt entry (KW_WARM_PURGE) */
-    struct flight *next_q; /* compile queue, guarded by w->mu */
+    kw_queue_node qnode;   /* in the compile queue, guarded by w->mu */
     struct flight *next_h; /* table chain, guarded by w->mu */
 } flight;
 
@@ -38,7 +39,12 @@ struct kw_warm_job {
     size_t remaining;      /* results still to deliver */
     _Atomic int refs;      /* pipeline, caller's handle, intake, waiters */
     _Atomic bool cancelled;
-    kw_warm_job *next;     /* intake queue, guarded by w->mu */
+    kw_queue_node inode;   /* in the intake queue, guarded by w->mu */
+    kw_warm_job *next_parked; /* on the parked list, guarded by w->mu */
+    struct kw_warm *w;     /* its pipeline */
+    size_t cursor;         /* keys looked up so far (intake thread only) */
+    bool paused;           /* kw_warm_job_pause(): guarded by w->mu */
+    bool parked;           /* on w's parked list: guarded by w->mu */
 };
 
 typedef struct warm_counters {
@@ -54,14 +60,16 @@ typedef struct warm_counters {
 struct kw_warm {
     kw_warm_opts o;
     kw__pool *pool;
-    /* mu guards: intake_head/tail, q_head/q_tail/nqueued, table, ntable,
-     * table_cap, stopping, jobs_active. */
+    /* mu guards: intake_q, parked, compile_q/nqueued, table,
+     * ntable, table_cap, stopping, jobs_active, and each job's inode, next_parked,
+     * paused and parked. */
     pthread_mutex_t mu;
     pthread_cond_t intake_cv;  /* a job queued, or stopping */
     pthread_cond_t compile_cv; /* a flight queued, or stopping */
     pthread_cond_t idle_cv;    /* jobs_active fell to 0 */
-    kw_warm_job *intake_head, *intake_tail;
-    flight *q_head, *q_tail;
+    kw_queue intake_q;         /* of kw_warm_job, by inode */
+    kw_warm_job *parked;       /* paused jobs, off the intake queue */
+    kw_queue compile_q; /* of flight, by qnode */
     size_t nqueued;
     flight **table;
     size_t ntable, table_cap; /* a power of two */
@@ -72,10 +80,10 @@ struct kw_warm {
     bool have_intake;
     pthread_t *compilers;
     unsigned ncompilers;
-    /* The store stage.  store_mu guards store_head/tail, store_stop. */
+    /* The store stage.  store_mu guards store_q, store_stop. */
     pthread_mutex_t store_mu;
     pthread_cond_t store_cv;
-    struct stored *store_head, *store_tail;
+    kw_queue store_q; /* of stored, by node */
     bool store_stop;
     pthread_t store_thread;
     bool have_store;

@@ -27,8 +27,10 @@
  * Counters (kw_warm_stats) have one meaning each; README.md lists them.
  *
  * Threads: kw_warm_open() starts one intake thread (lookups) and `jobs`
- * compile threads, each driving one worker process at a time.  Every
- * function is thread-safe unless noted.
+ * compile threads, each driving one worker process at a time.  The intake
+ * takes the jobs in turn, KW_WARM_CHUNK keys of one at a time, so a small
+ * job (a get's one key) never waits behind all of a million-key warmup's
+ * lookups.  Every function is thread-safe unless noted.
  */
 #ifndef KW_WARM_H
 #define KW_WARM_H
@@ -44,6 +46,7 @@
 #include "kw_remote.h"
 
 #define KW_WARM_LOG_MAX (64u * 1024u) /* NVRTC log bytes kept per failure */
+#define KW_WARM_CHUNK 256u /* keys one job is looked up at a time */
 
 typedef struct kw_warm kw_warm;
 typedef struct kw_warm_job kw_warm_job;
@@ -151,9 +154,18 @@ int kw_warm_submit(kw_warm *w, const kw_keys_key *keys, size_t n,
                    kw_warm_job **job);
 
 /* Cancels what of job is not yet compiling: its remaining keys are
- * reported cancelled (a flight others wait for still runs for them).
- * Harmless after the job's last callback. */
+ * reported cancelled (a flight others wait for still runs for them), a
+ * paused job included.  Harmless after the job's last callback. */
 void kw_warm_job_cancel(kw_warm_job *job);
+
+/* Pauses job's lookups (a caller whose reader is slow): the intake
+ * leaves the job after its current chunk until kw_warm_job_resume().
+ * Results of flights already under way still arrive.  May be called from
+ * the job's callback. */
+void kw_warm_job_pause(kw_warm_job *job);
+
+/* Resumes a paused job (harmless when it is not). */
+void kw_warm_job_resume(kw_warm_job *job);
 
 /* Gives back the handle kw_warm_submit() returned.  NULL is a no-op. */
 void kw_warm_job_release(kw_warm_job *job);
@@ -201,6 +213,16 @@ typedef struct kw_warm_filter {
 /* {"entries": [...], "count", "bytes"} of c's entries that pass f.
  * 0, KW_ENOMEM or the cache's code. */
 int kw_warm_ls(kw_cache *c, const kw_warm_filter *f, cJSON **out);
+
+/* One page of kw_warm_ls(): *entries gets a new array of at most max
+ * entries that pass f, from the first digest >= from (32 bytes; zeros:
+ * the start), *bytes their sizes; *more says whether entries are left,
+ * and from is then where the next page starts.  Each page is its own
+ * read transaction: a long listing holds no snapshot between pages, and
+ * shows entries added or removed meanwhile or not, never twice.  0,
+ * KW_ENOMEM or the cache's code. */
+int kw_warm_ls_page(kw_cache *c, const kw_warm_filter *f, uint8_t *from,
+                    size_t max, cJSON **entries, uint64_t *bytes, bool *more);
 
 /* Removes every entry of doc's "entries" (a kw_warm_ls() document) and
  * adds "removed" (the same array).  KW_EPINNED, with nothing removed and

@@ -22,6 +22,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "kw_alloc.h"
 #include "kw_err.h"
 #include "pool_frame.h"
 #include "pool_internal.h"
@@ -38,7 +39,7 @@ static int pool_new(kw__pool **out, const kw__pool_opts *o, char *err,
                  KW__POOL_MAX_JOBS);
         return KW_EINVAL;
     }
-    kw__pool *p = calloc(1, sizeof *p + o->jobs * sizeof p->slots[0]);
+    kw__pool *p = kw_calloc(1, sizeof *p + o->jobs * sizeof p->slots[0]);
     if (p == NULL) {
         snprintf(err, errlen, "compile pool: out of memory");
         return KW_ENOMEM;
@@ -245,13 +246,13 @@ static int take_response(const kw__pool_resp_head *h, const uint8_t *body,
     res->entry[h->entry_len] = '\0';
     res->seconds = h->seconds;
     if (h->log_len > 0) {
-        if ((res->log = malloc(h->log_len + 1)) == NULL)
+        if ((res->log = kw_malloc(h->log_len + 1)) == NULL)
             return KW_ENOMEM;
         memcpy(res->log, log, h->log_len);
         res->log[h->log_len] = '\0';
     }
     if (h->cubin_len > 0) {
-        if ((res->cubin = malloc(h->cubin_len)) == NULL)
+        if ((res->cubin = kw_malloc(h->cubin_len)) == NULL)
             return KW_ENOMEM;
         memcpy(res->cubin, cubin, h->cubin_len);
         res->cubin_len = h->cubin_len;
@@ -274,7 +275,7 @@ static int recv_response(kw__pool *p, kw__pool_slot *s, kw__pool_result *res,
     int rc = kw__pool_recv_full(p, s->fd, hdr, sizeof hdr, deadline);
     if (rc < 0 || (rc = kw__pool_hdr_parse(hdr, KW__POOL_T_RESPONSE, &len)) < 0)
         return rc;
-    uint8_t *body = malloc(len); /* len <= KW__POOL_MAX_RESP, checked */
+    uint8_t *body = kw_malloc(len); /* len <= KW__POOL_MAX_RESP, checked */
     if (body == NULL)
         return KW_ENOMEM;
     if ((rc = kw__pool_recv_full(p, s->fd, body, len, deadline)) == 0 &&
@@ -298,7 +299,7 @@ static void fail_result(kw__pool_result *res, const char *why)
     if (why[0] == '\0')
         return;
     size_t wl = strlen(why), ol = res->log ? strlen(res->log) : 0;
-    char *log = malloc(wl + ol + 2);
+    char *log = kw_malloc(wl + ol + 2);
     if (log == NULL)
         return; /* the code still says what happened */
     memcpy(log, why, wl + 1);

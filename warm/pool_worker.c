@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kw_alloc.h"
 #include "kw_err.h"
 #include "pool_frame.h"
 
@@ -224,7 +225,7 @@ static char **helper_env(void)
     size_t n = 0;
     while (environ[n] != NULL)
         n++;
-    char **env = malloc((n + 2) * sizeof *env);
+    char **env = kw_malloc((n + 2) * sizeof *env);
     if (env == NULL)
         return NULL;
     size_t k = 0;

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kw_alloc.h"
 #include "kw_err.h"
 
 #define STORE_BATCH_DEFAULT 64u
@@ -22,13 +23,18 @@ typedef struct stored {
     flight *f;
     kw__pool_result r; /* cubin and log owned */
     kw_cache_info info;
-    struct stored *next;
+    kw_queue_node node; /* in w->store_q, then in a group */
 } stored;
+
+static stored *next_of(const stored *s)
+{
+    return s->node.next ? KW_QUEUE_ENTRY(s->node.next, stored, node) : NULL;
+}
 
 void kw__warm_store_push(kw_warm *w, flight *f, kw__pool_result *r,
                          const kw_cache_info *info)
 {
-    stored *s = calloc(1, sizeof *s);
+    stored *s = kw_calloc(1, sizeof *s);
     if (s == NULL) { /* cannot queue it: the key fails, nothing is lost */
         outcome o = {KW_WARM_FAILED, KW_ENOMEM, NULL};
         atomic_fetch_add(&w->st.store_failures, 1);
@@ -40,11 +46,7 @@ void kw__warm_store_push(kw_warm *w, flight *f, kw__pool_result *r,
     *r = (kw__pool_result){0}; /* moved */
     s->info = *info;
     pthread_mutex_lock(&w->store_mu);
-    if (w->store_tail != NULL)
-        w->store_tail->next = s;
-    else
-        w->store_head = s;
-    w->store_tail = s;
+    kw_queue_push(&w->store_q, &s->node);
     pthread_cond_signal(&w->store_cv);
     pthread_mutex_unlock(&w->store_mu);
 }
@@ -61,7 +63,7 @@ static void settle(kw_warm *w, stored *s, int rc)
         atomic_fetch_add(&w->st.store_failures, 1);
         const char *why = kw_cache_last_error(w->o.cache);
         size_t n = strlen(why) + 64;
-        if ((o.log = malloc(n)) != NULL)
+        if ((o.log = kw_malloc(n)) != NULL)
             snprintf(o.log, n, "store: %s%s%s", kw_strerror(rc),
                      why[0] ? ": " : "", why);
         o.status = KW_WARM_FAILED;
@@ -76,11 +78,12 @@ static void settle(kw_warm *w, stored *s, int rc)
 /* Stores one group (a list of n) in one transaction and settles it. */
 static void store_group(kw_warm *w, stored *list, size_t n)
 {
-    kw_cache_item *items = calloc(n, sizeof *items);
-    int *rcs = calloc(n, sizeof *rcs);
+    kw_cache_item *items = kw_calloc(n, sizeof *items);
+    int *rcs = kw_calloc(n, sizeof *rcs);
     bool purge = false;
     size_t i = 0;
-    for (stored *s = list; s != NULL; s = s->next, i++) {
+    /* Out of memory, every key of the group fails with KW_ENOMEM. */
+    for (stored *s = items && rcs ? list : NULL; s != NULL; s = next_of(s), i++) {
         items[i] = (kw_cache_item){s->f->key.digest, &s->info, s->r.cubin,
                                    s->r.cubin_len, false};
         purge |= s->f->purge;
@@ -91,7 +94,7 @@ static void store_group(kw_warm *w, stored *list, size_t n)
                           : KW_ENOMEM;
     i = 0;
     for (stored *s = list, *next; s != NULL; s = next, i++) {
-        next = s->next;
+        next = next_of(s);
         settle(w, s, rc < 0 ? rc : rcs[i]);
     }
     free(items);
@@ -104,20 +107,13 @@ void *kw__warm_store_main(void *arg)
     unsigned batch = w->o.store_batch ? w->o.store_batch : STORE_BATCH_DEFAULT;
     pthread_mutex_lock(&w->store_mu);
     for (;;) {
-        while (w->store_head == NULL && !w->store_stop)
+        while (kw_queue_empty(&w->store_q) && !w->store_stop)
             pthread_cond_wait(&w->store_cv, &w->store_mu);
-        if (w->store_head == NULL)
+        if (kw_queue_empty(&w->store_q))
             break; /* stopped and drained */
-        stored *list = w->store_head, *last = list;
-        size_t n = 1;
-        while (n < batch && last->next != NULL) {
-            last = last->next;
-            n++;
-        }
-        w->store_head = last->next;
-        if (w->store_head == NULL)
-            w->store_tail = NULL;
-        last->next = NULL;
+        size_t n = 0;
+        kw_queue_node *first = kw_queue_take(&w->store_q, batch, &n);
+        stored *list = KW_QUEUE_ENTRY(first, stored, node);
         pthread_mutex_unlock(&w->store_mu);
         store_group(w, list, n);
         pthread_mutex_lock(&w->store_mu);

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "kw_alloc.h"
 #include "kw_err.h"
 
 const char *kw_warm_status_name(kw_warm_status s)
@@ -74,7 +75,7 @@ void kw__warm_deliver(kw_warm *w, kw_warm_job *job, size_t i,
 /* The digests of n keys as one array (malloc'd), as cache/ takes them. */
 uint8_t (*kw__warm_digests(const kw_keys_key *keys, size_t n))[KW_KEYS_DIGEST_LEN]
 {
-    uint8_t (*d)[KW_KEYS_DIGEST_LEN] = malloc((n ? n : 1) * sizeof *d);
+    uint8_t (*d)[KW_KEYS_DIGEST_LEN] = kw_malloc((n ? n : 1) * sizeof *d);
     for (size_t i = 0; d != NULL && i < n; i++)
         memcpy(d[i], keys[i].digest, KW_KEYS_DIGEST_LEN);
     return d;
@@ -91,14 +92,21 @@ static int protect(kw_warm *w, kw_warm_job *job)
     return rc;
 }
 
+/* Puts job back at the intake queue's tail; w->mu held. */
+static void intake_push_locked(kw_warm *w, kw_warm_job *job)
+{
+    kw_queue_push(&w->intake_q, &job->inode);
+    pthread_cond_signal(&w->intake_cv);
+}
+
 int kw_warm_submit(kw_warm *w, const kw_keys_key *keys, size_t n,
                    unsigned flags, kw_warm_result_fn fn, void *arg,
                    kw_warm_job **out)
 {
     if (n == 0)
         return KW_EINVAL;
-    kw_warm_job *job = calloc(1, sizeof *job);
-    if (job == NULL || (job->keys = malloc(n * sizeof *keys)) == NULL) {
+    kw_warm_job *job = kw_calloc(1, sizeof *job);
+    if (job == NULL || (job->keys = kw_malloc(n * sizeof *keys)) == NULL) {
         free(job);
         return KW_ENOMEM;
     }
@@ -110,6 +118,7 @@ int kw_warm_submit(kw_warm *w, const kw_keys_key *keys, size_t n,
         return KW_ENOMEM;
     }
     job->flags = flags;
+    job->w = w;
     job->fn = fn;
     job->arg = arg;
     pthread_mutex_init(&job->cb_mu, NULL);
@@ -125,21 +134,45 @@ int kw_warm_submit(kw_warm *w, const kw_keys_key *keys, size_t n,
         job_unref(job);
         return -ECANCELED;
     }
-    if (w->intake_tail != NULL)
-        w->intake_tail->next = job;
-    else
-        w->intake_head = job;
-    w->intake_tail = job;
+    intake_push_locked(w, job);
     w->jobs_active++;
     atomic_fetch_add(&w->st.keys, n);
-    pthread_cond_signal(&w->intake_cv);
     pthread_mutex_unlock(&w->mu);
     return 0;
 }
 
 void kw_warm_job_cancel(kw_warm_job *job)
 {
-    atomic_store(&job->cancelled, true);
+    if (!atomic_exchange(&job->cancelled, true))
+        kw_warm_job_resume(job); /* a parked job reports its keys cancelled */
+}
+
+void kw_warm_job_pause(kw_warm_job *job)
+{
+    pthread_mutex_lock(&job->w->mu);
+    job->paused = true;
+    pthread_mutex_unlock(&job->w->mu);
+}
+
+/* Takes job off the parked list; w->mu held, job->parked. */
+static void unpark_locked(kw_warm *w, kw_warm_job *job)
+{
+    kw_warm_job **p = &w->parked;
+    while (*p != job)
+        p = &(*p)->next_parked;
+    *p = job->next_parked;
+    job->parked = false;
+    intake_push_locked(w, job);
+}
+
+void kw_warm_job_resume(kw_warm_job *job)
+{
+    kw_warm *w = job->w;
+    pthread_mutex_lock(&w->mu);
+    job->paused = false;
+    if (job->parked)
+        unpark_locked(w, job);
+    pthread_mutex_unlock(&w->mu);
 }
 
 void kw_warm_job_release(kw_warm_job *job)
@@ -168,7 +201,7 @@ static bool lookup(kw_warm *w, const uint8_t *digest)
  * when stopping (the caller reports the key cancelled). */
 static bool to_flight(kw_warm *w, kw_warm_job *job, size_t i)
 {
-    waiter *wt = malloc(sizeof *wt);
+    waiter *wt = kw_malloc(sizeof *wt);
     if (wt == NULL)
         return false;
     *wt = (waiter){.job = job, .index = i};
@@ -222,11 +255,14 @@ static void run_add(kw_warm *w, kw_warm_job *job, run *r, size_t i,
         run_flush(w, job, r);
 }
 
-/* Looks up every key of job, in order: hits (and keys cancelled before
- * their lookup) are delivered in runs; misses go to flights. */
-static void intake_job(kw_warm *w, kw_warm_job *job, run *r)
+/* Looks up the next KW_WARM_CHUNK keys of job, in order: hits (and keys
+ * cancelled before their lookup) are delivered in runs; misses go to
+ * flights.  Returns true when keys are left. */
+static bool intake_chunk(kw_warm *w, kw_warm_job *job, run *r)
 {
-    for (size_t i = 0; i < job->n; i++) {
+    size_t end = job->n - job->cursor > KW_WARM_CHUNK ? job->cursor + KW_WARM_CHUNK
+                                                      : job->n;
+    for (size_t i = job->cursor; i < end; i++) {
         if (atomic_load(&job->cancelled) || atomic_load(&w->stopping_flag)) {
             run_add(w, job, r, i, KW_WARM_CANCELLED);
             continue;
@@ -240,27 +276,46 @@ static void intake_job(kw_warm *w, kw_warm_job *job, run *r)
         if (!to_flight(w, job, i))
             run_add(w, job, r, i, KW_WARM_CANCELLED);
     }
+    job->cursor = end;
+    bool left = end < job->n; /* read before the flush may free the job */
     run_flush(w, job, r);
+    return left;
 }
 
-/* The intake thread: one job at a time, in submission order. */
+/* After a chunk of job with keys left: back to the queue's tail (jobs
+ * take turns), or parked while paused (unless cancelled or stopping,
+ * which must report the rest); w->mu held. */
+static void requeue_locked(kw_warm *w, kw_warm_job *job)
+{
+    if (job->paused && !w->stopping && !atomic_load(&job->cancelled)) {
+        job->parked = true;
+        job->next_parked = w->parked;
+        w->parked = job;
+        return;
+    }
+    intake_push_locked(w, job);
+}
+
+/* The intake thread: the queued jobs in turn, a chunk of each. */
 static void *intake_main(void *arg)
 {
     kw_warm *w = arg;
     run r = {.n = 0}; /* 3 KiB of stack */
     pthread_mutex_lock(&w->mu);
     for (;;) {
-        while (w->intake_head == NULL && !w->stopping)
+        while (kw_queue_empty(&w->intake_q) && !w->stopping)
             pthread_cond_wait(&w->intake_cv, &w->mu);
-        kw_warm_job *job = w->intake_head;
-        if (job == NULL)
+        kw_queue_node *n = kw_queue_pop(&w->intake_q);
+        if (n == NULL)
             break; /* stopping, nothing left */
-        w->intake_head = job->next;
-        if (w->intake_head == NULL)
-            w->intake_tail = NULL;
+        kw_warm_job *job = KW_QUEUE_ENTRY(n, kw_warm_job, inode);
         pthread_mutex_unlock(&w->mu);
         atomic_fetch_add(&job->refs, 1); /* held while intake reads it */
-        intake_job(w, job, &r);
+        bool left = intake_chunk(w, job, &r);
+        pthread_mutex_lock(&w->mu);
+        if (left)
+            requeue_locked(w, job);
+        pthread_mutex_unlock(&w->mu);
         job_unref(job);
         pthread_mutex_lock(&w->mu);
     }
@@ -303,7 +358,7 @@ static int start_threads(kw_warm *w)
 int kw_warm_open(kw_warm **out, const kw_warm_opts *o, char *err,
                  size_t errlen)
 {
-    kw_warm *w = calloc(1, sizeof *w);
+    kw_warm *w = kw_calloc(1, sizeof *w);
     if (w == NULL)
         return KW_ENOMEM;
     w->o = *o;
@@ -321,7 +376,7 @@ int kw_warm_open(kw_warm **out, const kw_warm_opts *o, char *err,
                         .timeout_ms = o->compile_timeout_ms,
                         .mem_limit = o->mem_limit};
     int rc = kw__warm_table_init(w);
-    if (rc == 0 && (w->compilers = calloc(w->o.jobs, sizeof *w->compilers)) == NULL)
+    if (rc == 0 && (w->compilers = kw_calloc(w->o.jobs, sizeof *w->compilers)) == NULL)
         rc = KW_ENOMEM;
     if (rc == 0)
         rc = kw__pool_start(&w->pool, &po, err, errlen);
@@ -341,6 +396,8 @@ void kw_warm_cancel(kw_warm *w)
     bool first = !w->stopping;
     w->stopping = true;
     atomic_store(&w->stopping_flag, true);
+    while (w->parked != NULL) /* they report their keys cancelled */
+        unpark_locked(w, w->parked);
     pthread_cond_broadcast(&w->intake_cv);
     pthread_cond_broadcast(&w->compile_cv);
     pthread_mutex_unlock(&w->mu);

@@ -1,0 +1,369 @@
+/* test_daemon_budget.c: every streamed reply within its budget (issue
+ * 23).  Clients that send a request whose reply grows with it (keys, an
+ * all-hit warmup, ls) and never read: kwarmd's anonymous memory follows
+ * its caps (--max-output per stream, --max-keys-in-flight over the
+ * daemon), not how fast they read, while a well-behaved client's pings
+ * are answered throughout.  The stream is intact: a non-reader that
+ * finally reads gets every item and the RESULT.
+ */
+#include "daemon_util.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/ioctl.h>
+
+TestSuite(budget, .fini = kwd_cleanup, .timeout = 600);
+
+#define V4 "deepseek-v4-flash.json"
+#define V32 "deepseek-v3.2-exp.json"
+#define GROWTH_KIB (64 * 1024) /* the issue's bound on RssAnon growth */
+/* The issue's bound on the well-behaved client's ping p99: 5 ms.  Under
+ * ASan (every allocation of the loop slowed), or on a machine whose load
+ * is past its cores (the scheduler, not kwarmd, then decides when the
+ * pinger runs: issue 23, point 7), the bound is 20 ms. */
+static double ping_bound_ms(void)
+{
+    double load = 0;
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f != NULL) {
+        if (fscanf(f, "%lf", &load) != 1)
+            load = 0;
+        fclose(f);
+    }
+#ifdef __SANITIZE_ADDRESS__
+    load = 1e9;
+#endif
+    return load > (double)sysconf(_SC_NPROCESSORS_ONLN) ? 20.0 : 5.0;
+}
+
+static long rss_anon_kib(pid_t pid)
+{
+    char path[64], line[256];
+    long kib = -1;
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "%s", path);
+    while (fgets(line, sizeof line, f) != NULL)
+        if (sscanf(line, "RssAnon: %ld kB", &kib) == 1)
+            break;
+    fclose(f);
+    return kib;
+}
+
+/* ---- a well-behaved client, pinging throughout ---------------------------- */
+
+typedef struct pinger {
+    const char *sock;
+    _Atomic bool stop;
+    double lat[100000];
+    size_t n;
+    int failed;
+} pinger;
+
+static void *ping_main(void *arg)
+{
+    pinger *p = arg;
+    kwc c;
+    if (kwc_open(&c, p->sock) != 0) {
+        p->failed = 1;
+        return NULL;
+    }
+    while (!atomic_load(&p->stop) && p->n < 100000) {
+        struct timespec a, b;
+        kwr r;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        if (kwc_send(&c, KW_PROTO_PING, NULL) != 0 || kwc_recv(&c, &r, 1000) != 0) {
+            p->failed = 2;
+            break;
+        }
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        p->failed |= r.type != KW_PROTO_PONG ? 4 : 0;
+        kwr_free(&r);
+        p->lat[p->n++] = (b.tv_sec - a.tv_sec) * 1e3 + (b.tv_nsec - a.tv_nsec) / 1e6;
+        kwd_nap_ms(1); /* a pace, not a synchronisation: ~1000 pings/s */
+    }
+    kwc_close(&c);
+    return NULL;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double p99(pinger *p)
+{
+    qsort(p->lat, p->n, sizeof *p->lat, cmp_double);
+    return p->n ? p->lat[(p->n * 99) / 100] : 0;
+}
+
+/* ---- non-readers ---------------------------------------------------------- */
+
+/* Bytes queued for reading on fd. */
+static int pending(int fd)
+{
+    int n = 0;
+    cr_assert_eq(ioctl(fd, FIONREAD, &n), 0);
+    return n;
+}
+
+/* Waits until every one of fds[0..n) has bytes waiting and none got more
+ * for 500 ms (the producers stopped on their budget); returns kwarmd's
+ * RssAnon then, and logs its peak on the way (a derivation's own set,
+ * jit/'s 152 bytes a key, is the peak's part that no budget of kwarmd's
+ * can bound).  A bounded poll of state, not a sleep standing in for an
+ * event. */
+static long wait_parked(const kwd *d, const int *fds, size_t n)
+{
+    int64_t deadline = kwd_now_ms() + 120000, still_since = kwd_now_ms();
+    long peak = 0, last_total = -1;
+    for (;;) {
+        long total = 0, rss = rss_anon_kib(d->pid);
+        bool all = true;
+        for (size_t i = 0; i < n; i++) {
+            int p = pending(fds[i]);
+            total += p;
+            all = all && p > 0;
+        }
+        peak = rss > peak ? rss : peak;
+        if (total != last_total || !all)
+            still_since = kwd_now_ms();
+        last_total = total;
+        if (all && kwd_now_ms() - still_since >= 500) {
+            cr_log_info("settled: RssAnon %ld KiB (peak %ld KiB), %ld bytes "
+                        "unread", rss, peak, total);
+            return rss;
+        }
+        cr_assert(kwd_now_ms() < deadline, "the streams never settled");
+        kwd_nap_ms(20);
+    }
+}
+
+/* A keys/warmup header for V4 at DCP world dcp on sm_90 and sm_100. */
+static cJSON *v4_hdr(int dcp)
+{
+    cJSON *h = kwd_model_hdr(V4, 0);
+    cJSON_DeleteItemFromObjectCaseSensitive(h, "deployment");
+    cJSON *dep = cJSON_AddObjectToObject(h, "deployment");
+    cJSON_AddNumberToObject(dep, "dcp_world", dcp);
+    cJSON_AddStringToObject(dep, "arch", "sm_90,sm_100");
+    return h;
+}
+
+/* Reads c's streamed reply to its end; returns the items and the final
+ * frame in *fin. */
+static size_t drain(kwc *c, kwr *fin)
+{
+    size_t n = 0;
+    for (;;) {
+        kwr r = kwc_must_recv(c, KWD_REPLY_MS);
+        if (r.type != KW_PROTO_PROGRESS) {
+            *fin = r;
+            return n;
+        }
+        const cJSON *a = cJSON_GetObjectItemCaseSensitive(r.hdr, "keys");
+        if (a == NULL)
+            a = cJSON_GetObjectItemCaseSensitive(r.hdr, "results");
+        if (a == NULL)
+            a = cJSON_GetObjectItemCaseSensitive(r.hdr, "entries");
+        n += (size_t)cJSON_GetArraySize(a);
+        kwr_free(&r);
+    }
+}
+
+typedef struct scene {
+    kwd d;
+    kwc good;
+    pinger *p;
+    pthread_t th;
+    long rss0;
+} scene;
+
+static void scene_up(scene *s, const char *tag, const char *const *extra)
+{
+    kwd_up(&s->d, tag, 1, extra, &s->good);
+    kwc_expect_pong(&s->good, "start");
+    s->rss0 = rss_anon_kib(s->d.pid);
+    s->p = calloc(1, sizeof *s->p);
+    cr_assert_not_null(s->p);
+    s->p->sock = s->d.sock;
+    cr_assert_eq(pthread_create(&s->th, NULL, ping_main, s->p), 0);
+}
+
+/* Stops the pinger and checks the well-behaved client was served and
+ * the growth stayed within GROWTH_KIB. */
+static void scene_check(scene *s, long rss, const char *what)
+{
+    atomic_store(&s->p->stop, true);
+    pthread_join(s->th, NULL);
+    double q = p99(s->p);
+    cr_log_info("%s: RssAnon %ld KiB at start, %ld KiB settled (+%ld); %zu "
+                "pings, p99 %.3f ms", what, s->rss0, rss, rss - s->rss0,
+                s->p->n, q);
+    cr_expect_eq(s->p->failed, 0, "%s: a ping failed", what);
+    cr_expect(s->p->n >= 100, "%s: only %zu pings", what, s->p->n);
+    double bound = ping_bound_ms();
+    cr_expect(q < bound, "%s: ping p99 %.3f ms (bound %.0f ms)", what, q, bound);
+#ifndef __SANITIZE_ADDRESS__
+    cr_expect(rss - s->rss0 < GROWTH_KIB, "%s: RssAnon grew by %ld KiB",
+              what, rss - s->rss0);
+#endif
+    free(s->p);
+}
+
+/* Sends request type with hdr on n new connections that do not read. */
+static void send_all(scene *s, kwc *cs, size_t n, uint16_t type, const cJSON *hdr)
+{
+    for (size_t i = 0; i < n; i++) {
+        kwc_must_open(&cs[i], s->d.sock);
+        cr_assert_eq(kwc_send(&cs[i], type, hdr), 0);
+    }
+}
+
+/* One client asks for about 500,000 keys and never reads.  The growth
+ * is the packed key set (66 bytes a key: 32 MB) plus the stream's
+ * budget: --max-output 8M here, as the default 16M would leave the sum
+ * at the bound itself. */
+Test(budget, a_500000_key_keys_request_unread_stays_within_the_budget)
+{
+    scene s;
+    scene_up(&s, "kwb-keys", (const char *const[]){"--max-output", "8M", NULL});
+    cJSON *h = v4_hdr(40000);
+    kwc c;
+    send_all(&s, &c, 1, KW_PROTO_KEYS, h);
+    long rss = wait_parked(&s.d, &c.fd, 1);
+    scene_check(&s, rss, "one unread keys request");
+    kwr fin;
+    size_t n = drain(&c, &fin);
+    kwr_expect_type(&fin, KW_PROTO_RESULT, "keys, read at last");
+    cr_expect_eq(kwr_num(&fin, "count"), (double)n, "every key arrived");
+    cr_expect(n >= 450000, "%zu keys", n);
+    kwr_free(&fin);
+    kwc_close(&c);
+    cJSON_Delete(h);
+    kwd_down(&s.d, &s.good);
+}
+
+/* Eight clients ask for about 500,000 keys each at once and never read:
+ * the budget of keys in flight admits one, and refuses the others with
+ * an error naming it. */
+Test(budget, eight_unread_keys_requests_are_bounded_by_the_keys_in_flight)
+{
+    scene s;
+    scene_up(&s, "kwb-keys8", (const char *const[]){"--max-output", "4M",
+             "--max-keys-in-flight", "600000", NULL});
+    cJSON *h = v4_hdr(40000);
+    kwc c[8];
+    int fds[8];
+    send_all(&s, c, 8, KW_PROTO_KEYS, h);
+    for (size_t i = 0; i < 8; i++)
+        fds[i] = c[i].fd;
+    long rss = wait_parked(&s.d, fds, 8);
+    scene_check(&s, rss, "eight unread keys requests");
+    size_t results = 0, refused = 0;
+    for (size_t i = 0; i < 8; i++) {
+        kwr fin;
+        size_t n = drain(&c[i], &fin);
+        if (fin.type == KW_PROTO_RESULT && kwr_num(&fin, "count") == (double)n)
+            results++;
+        if (fin.type == KW_PROTO_ERROR &&
+            strstr(kwr_str(&fin, "error"), "--max-keys-in-flight") != NULL)
+            refused++;
+        kwr_free(&fin);
+        kwc_close(&c[i]);
+    }
+    cr_expect_eq(results, 1, "one request admitted, whole");
+    cr_expect_eq(refused, 7, "seven refused, naming the budget");
+    cJSON_Delete(h);
+    kwd_down(&s.d, &s.good);
+}
+
+/* Warms V4 at DCP world 1600 (about 20,000 keys) into s's cache with the
+ * instant stand-in compiler; returns the key count. */
+static double warm_all(scene *s, const cJSON *h)
+{
+    cr_assert_eq(kwc_send(&s->good, KW_PROTO_WARMUP, h), 0);
+    kwr fin;
+    drain(&s->good, &fin);
+    kwr_expect_type(&fin, KW_PROTO_RESULT, "the first warmup");
+    double keys = kwr_num(&fin, "keys");
+    cr_assert(keys >= 19000, "%g keys", keys);
+    kwr_free(&fin);
+    return keys;
+}
+
+static void instant(void)
+{
+    cr_assert_eq(setenv("KWARM_TEST_INSTANT_COMPILE", "64", 1), 0);
+}
+
+/* Eight clients send an all-hit warmup of about 20,000 keys and never
+ * read: their warm jobs pause at the budget (the lookups stop: warm_hits
+ * stays far below 8 x 20,000), and one that reads at last gets every
+ * result. */
+Test(budget, eight_unread_all_hit_warmups_pause_their_lookups)
+{
+    instant();
+    scene s;
+    scene_up(&s, "kwb-warm", (const char *const[]){"--max-output", "64K", NULL});
+    cJSON *h = v4_hdr(1600);
+    double keys = warm_all(&s, h);
+    double hits0 = kwc_stat(&s.good, "warm_hits");
+    s.rss0 = rss_anon_kib(s.d.pid);
+    kwc c[8];
+    int fds[8];
+    send_all(&s, c, 8, KW_PROTO_WARMUP, h);
+    for (size_t i = 0; i < 8; i++)
+        fds[i] = c[i].fd;
+    long rss = wait_parked(&s.d, fds, 8);
+    double looked = kwc_stat(&s.good, "warm_hits") - hits0;
+    cr_log_info("%g of %g lookups made while nobody read", looked, 8 * keys);
+    cr_expect(looked < 8 * keys / 2, "the warm jobs did not pause: %g hits",
+              looked);
+    scene_check(&s, rss, "eight unread all-hit warmups");
+    kwr fin;
+    size_t n = drain(&c[0], &fin);
+    kwr_expect_type(&fin, KW_PROTO_RESULT, "the warmup read at last");
+    cr_expect_eq((double)n, keys, "every result arrived");
+    cr_expect_eq(kwr_num(&fin, "hits"), keys);
+    kwr_free(&fin);
+    for (size_t i = 0; i < 8; i++)
+        kwc_close(&c[i]);
+    cJSON_Delete(h);
+    kwd_down(&s.d, &s.good);
+}
+
+/* Eight clients list a cache of about 20,000 entries and never read: the
+ * listing is read a page at a time as the stream drains, so the memory
+ * does not follow the cache's size; one that reads gets every entry. */
+Test(budget, eight_unread_ls_of_a_large_cache_stay_within_the_budget)
+{
+    instant();
+    scene s;
+    scene_up(&s, "kwb-ls", (const char *const[]){"--max-output", "64K", NULL});
+    cJSON *h = v4_hdr(1600);
+    double keys = warm_all(&s, h);
+    s.rss0 = rss_anon_kib(s.d.pid);
+    kwc c[8];
+    int fds[8];
+    send_all(&s, c, 8, KW_PROTO_LS, NULL);
+    for (size_t i = 0; i < 8; i++)
+        fds[i] = c[i].fd;
+    long rss = wait_parked(&s.d, fds, 8);
+    scene_check(&s, rss, "eight unread ls");
+#ifndef __SANITIZE_ADDRESS__ /* ASan's quarantine keeps freed memory */
+    cr_expect(rss - s.rss0 < 16 * 1024, "ls grew by %ld KiB: not paged",
+              rss - s.rss0);
+#endif
+    kwr fin;
+    size_t n = drain(&c[0], &fin);
+    kwr_expect_type(&fin, KW_PROTO_RESULT, "ls read at last");
+    cr_expect_eq((double)n, keys, "every entry arrived");
+    cr_expect_eq(kwr_num(&fin, "count"), keys);
+    kwr_free(&fin);
+    for (size_t i = 0; i < 8; i++)
+        kwc_close(&c[i]);
+    cJSON_Delete(h);
+    kwd_down(&s.d, &s.good);
+}
