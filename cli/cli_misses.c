@@ -43,12 +43,17 @@ static void print_miss(const cJSON *m)
     const cJSON *key = cJSON_GetObjectItemCaseSensitive(m, "key");
     const char *fam = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(key, "family"));
     const char *arch = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(key, "arch"));
-    printf("%s uid %.0f pid %.0f %.16s %s %s: %s\n", when,
+    /* A serving process's own miss says so: "runtime" (served), or
+     * "capture" (refused while its stream captured a CUDA graph). */
+    const char *kind = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(m, "kind"));
+    printf("%s uid %.0f pid %.0f %.16s %s %s: %s%s%s\n", when,
            cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(m, "uid")),
            cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(m, "pid")),
            cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(m, "digest")),
            fam ? fam : "(by digest)", arch ? arch : "",
-           cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(m, "outcome")));
+           cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(m, "outcome")),
+           kind ? ", a serving process's miss during " : "",
+           kind ? (kind[0] == 'c' ? "graph capture" : "serving") : "");
     const cJSON *near = cJSON_GetObjectItemCaseSensitive(m, "nearest");
     if (!cJSON_IsObject(near)) {
         printf("    no cached key of this family and arch\n");

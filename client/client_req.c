@@ -383,6 +383,15 @@ int kw_client_get_key(kw_client *c, const char *family,
                       const char *fields_json, const char *arch, bool compile,
                       kw_client_kernel *out)
 {
+    return kw_client_get_key_as_miss(c, family, fields_json, arch, compile,
+                                     NULL, out);
+}
+
+int kw_client_get_key_as_miss(kw_client *c, const char *family,
+                              const char *fields_json, const char *arch,
+                              bool compile, const char *miss,
+                              kw_client_kernel *out)
+{
     if (c == NULL || out == NULL)
         return c ? kw__client_fail(c, KW_EINVAL, "get: NULL kernel") : KW_EINVAL;
     memset(out, 0, sizeof *out);
@@ -392,7 +401,16 @@ int kw_client_get_key(kw_client *c, const char *family,
     int rc = parse_object(c, "fields", fields_json, &fields);
     if (rc < 0)
         return rc;
+    if (miss && strcmp(miss, "runtime") != 0 && strcmp(miss, "capture") != 0) {
+        cJSON_Delete(fields);
+        return kw__client_fail(c, KW_EINVAL, "get: miss must be \"runtime\" "
+                               "or \"capture\", not \"%.32s\"", miss);
+    }
     cJSON *h = key_header(family, fields, arch, compile);
+    if (h != NULL && miss && !cJSON_AddStringToObject(h, "miss", miss)) {
+        cJSON_Delete(h);
+        h = NULL;
+    }
     if (h == NULL)
         return kw__client_fail(c, KW_ENOMEM, "get: %s", kw_strerror(KW_ENOMEM));
     rc = get_request(c, h, out);

@@ -64,6 +64,7 @@ typedef struct kw__ops_entry {
 
 struct kw_ops {
     kw_client *client;     /* owned; used only by loads and misses */
+    int timeout_ms;        /* the client's waits (kw_ops_opts.timeout_ms) */
     kw_cuda *cuda;         /* borrowed; NULL with a stand-in device */
     kw_ops_device device;  /* the stand-in, when cuda is NULL */
     kw_launch_deploy deploy;
@@ -92,11 +93,15 @@ kw__ops_entry *kw__ops_find_locked(kw_ops *o, int fam, const int64_t *fields);
  * holds o->lock. */
 int kw__ops_insert_locked(kw_ops *o, const kw__ops_entry *e);
 
-/* Fetches (fam, fields) from kwarmd (compiling it unless compile is
- * false) and loads it into e.  0 or a client / CUDA code, with the reason
- * in err. */
+/* Fetches (fam, fields) from kwarmd as a runtime miss (compiling it
+ * unless compile is false) and loads it into e.  0 or a client / CUDA
+ * code, with the reason in err. */
 int kw__ops_fetch(kw_ops *o, int fam, const int64_t *fields, bool compile,
                   kw__ops_entry *e, char *err, size_t errlen);
+
+/* Tells kwarmd (its miss audit) that (fam, fields) missed while a stream
+ * captured; waits at most 2 s, fetches nothing it keeps. */
+void kw__ops_report_capture(kw_ops *o, int fam, const int64_t *fields);
 
 /* Writes the key as JSON fields ({"topk": 2048, "windowed": true}) into
  * buf.  0 or KW_ENOSPC. */

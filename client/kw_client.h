@@ -169,6 +169,18 @@ int kw_client_get_key(kw_client *c, const char *family,
                       const char *fields_json, const char *arch, bool compile,
                       kw_client_kernel *out);
 
+/* As kw_client_get_key(), for a serving process whose own loaded set
+ * lacked the key: miss is "runtime" (the call is served: compile as
+ * asked) or "capture" (the call was refused while its stream captured a
+ * CUDA graph; pass compile false).  kwarmd records the get in its miss
+ * audit (`kwarm misses`) with that kind and this process's pid even when
+ * its cache holds the key.  KW_EINVAL for another miss; else as
+ * kw_client_get_key(). */
+int kw_client_get_key_as_miss(kw_client *c, const char *family,
+                              const char *fields_json, const char *arch,
+                              bool compile, const char *miss,
+                              kw_client_kernel *out);
+
 /* Frees k's cubin and zeroes *k.  NULL is a no-op. */
 void kw_client_kernel_destroy(kw_client_kernel *k);
 
@@ -202,7 +214,10 @@ int kw_client_admin(kw_client *c, const char *what, const char *header_json,
  * the last since_s seconds (0: every one it keeps, up to 10,000).  On 0,
  * *result_json is a new string (free() it): {"count", "since", "misses":
  * [{"time", "uid", "pid", "digest", "outcome": "compiled" | "failed" |
- * "not compiled" | "remote_hit" | "cancelled", "key"?: {"family", "arch",
+ * "not compiled" | "remote_hit" | "cancelled" | "cached" (a serving
+ * process's miss the cache answered), "kind"?: "runtime" | "capture" (a
+ * serving process's own miss, kw_client_get_key_as_miss()), "key"?:
+ * {"family", "arch",
  * "fields", "digest"}, "nearest": null | {"digest", "differ": [{"field",
  * "requested", "cached"}], "pins": [...]}}]}, oldest first.  "nearest" is
  * the cached key of the same family and arch with the fewest differing

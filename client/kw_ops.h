@@ -14,7 +14,8 @@
  *     loaded, counted and reported once through opts.log;
  *   - while the stream captures, kw_ops_run() returns KW_ECAPTURE with
  *     the key and the deployment setting that would have warmed it in
- *     kw_ops_last_error(), asks kwarmd for nothing it would compile, and
+ *     kw_ops_last_error(), tells kwarmd (its miss audit records a
+ *     "capture" miss; nothing is compiled, the wait is at most 2 s), and
  *     loads nothing.
  *
  * Threads: kw_ops_run() may be called from any thread that has the

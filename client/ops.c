@@ -197,13 +197,17 @@ static int miss(kw_ops *o, kw_launch_op op, int fam, const int64_t *fields,
     int rc = capturing(o, cu_stream, &cap);
     if (rc < 0 || cap) {
         o->capture_misses++;
+        pthread_mutex_lock(&o->miss_lock);
+        kw__ops_report_capture(o, fam, fields);
+        pthread_mutex_unlock(&o->miss_lock);
         pthread_mutex_lock(&o->lock);
         nearest_hint_locked(o, fam, fields, hint, sizeof(hint));
         pthread_mutex_unlock(&o->lock);
         return set_err(o, KW_ECAPTURE,
                        "%s: key %s %s %s is not loaded and the stream is "
-                       "capturing a CUDA graph: nothing was fetched or "
-                       "loaded; warm it before capture (%s)",
+                       "capturing a CUDA graph: nothing was loaded (kwarmd "
+                       "was told, for its miss audit); warm it before "
+                       "capture (%s)",
                        kw_launch_op_name(op), kw_launch_family_name(fam), key,
                        o->arch, hint);
     }

@@ -56,14 +56,29 @@ int kw__ops_fetch(kw_ops *o, int fam, const int64_t *fields, bool compile,
     if (kw__ops_fields_json(fam, fields, json, sizeof(json)) < 0)
         return fail(err, errlen, KW_ENOSPC, "key fields too long");
     kw_client_kernel k = {0};
-    int rc = kw_client_get_key(o->client, kw_launch_family_name(fam), json,
-                               o->arch, compile, &k);
+    int rc = kw_client_get_key_as_miss(o->client, kw_launch_family_name(fam),
+                                       json, o->arch, compile, "runtime", &k);
     if (rc < 0)
         return fail(err, errlen, rc, "kwarmd: %s",
                     kw_client_last_error(o->client));
     rc = load_kernel(o, &k, fam, fields, e, err, errlen);
     kw_client_kernel_destroy(&k);
     return rc;
+}
+
+void kw__ops_report_capture(kw_ops *o, int fam, const int64_t *fields)
+{
+    char json[512];
+    if (kw__ops_fields_json(fam, fields, json, sizeof(json)) < 0)
+        return;
+    kw_client_kernel k = {0};
+    /* The capture fails anyway; a kwarmd that is slow or gone must not
+     * hold the capturing thread for the load's timeout. */
+    kw_client_set_timeout(o->client, 2000);
+    (void)kw_client_get_key_as_miss(o->client, kw_launch_family_name(fam),
+                                    json, o->arch, false, "capture", &k);
+    kw_client_set_timeout(o->client, o->timeout_ms);
+    kw_client_kernel_destroy(&k); /* nothing is loaded while capturing */
 }
 
 /* ---- the deployment sent to kwarmd ------------------------------------ */
@@ -405,6 +420,7 @@ int kw_ops_load(kw_ops **out, const kw_ops_opts *opts, char *err,
     o->log_ctx = opts->log_ctx;
     char *dep = NULL;
     int tmo = opts->timeout_ms == 0 ? 60000 : opts->timeout_ms;
+    o->timeout_ms = tmo;
     if ((rc = pick_arch(o, opts, err, errlen)) == 0 &&
         (rc = deployment_text(opts, o->arch, &dep, err, errlen)) == 0 &&
         (rc = kw_client_connect(&o->client, opts->socket, tmo, err,

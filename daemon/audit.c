@@ -21,11 +21,28 @@
 #include "kw_err.h"
 #include "log.h"
 
+#define NOUTCOMES 6
+
 const char *kw__audit_outcome_name(int outcome)
 {
-    static const char *const names[] = {"not compiled", "compiled", "failed",
-                                        "remote_hit", "cancelled"};
-    return outcome >= 0 && outcome < 5 ? names[outcome] : "?";
+    static const char *const names[NOUTCOMES] = {
+        "not compiled", "compiled", "failed", "remote_hit", "cancelled",
+        "cached"};
+    return outcome >= 0 && outcome < NOUTCOMES ? names[outcome] : "?";
+}
+
+const char *kw__audit_kind_name(int kind)
+{
+    return kind == 1 ? "runtime" : kind == 2 ? "capture" : NULL;
+}
+
+int kw__audit_kind_from_name(const char *name)
+{
+    if (name && strcmp(name, "runtime") == 0)
+        return 1;
+    if (name && strcmp(name, "capture") == 0)
+        return 2;
+    return -1;
 }
 
 /* One record as a JSON object (the file's line and the reply's entry,
@@ -42,6 +59,9 @@ cJSON *kw__audit_json(const kw__miss *m)
               cJSON_AddStringToObject(o, "digest", hex) != NULL &&
               cJSON_AddStringToObject(o, "outcome",
                                       kw__audit_outcome_name(m->outcome)) != NULL;
+    if (ok && m->kind)
+        ok = cJSON_AddStringToObject(o, "kind",
+                                     kw__audit_kind_name(m->kind)) != NULL;
     if (ok && m->have_key) {
         kw_alloc_pause(); /* jit/'s tree: its failure paths leak */
         cJSON *k = kw_keys_key_json(&m->key);
@@ -68,9 +88,12 @@ static bool from_json(const cJSON *o, kw__miss *m)
     m->t = (uint64_t)t->valuedouble;
     m->uid = (uid_t)cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(o, "uid"));
     m->pid = (pid_t)cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(o, "pid"));
-    for (int i = 0; i < 5 && oc != NULL; i++)
+    for (int i = 0; i < NOUTCOMES && oc != NULL; i++)
         if (strcmp(oc, kw__audit_outcome_name(i)) == 0)
             m->outcome = i;
+    int kind = kw__audit_kind_from_name(
+        cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "kind")));
+    m->kind = kind > 0 ? kind : 0;
     for (int i = 0; i < KW_KEYS_DIGEST_LEN; i++)
         sscanf(dg->valuestring + 2 * i, "%2hhx", &m->key.digest[i]);
     char err[160];

@@ -286,13 +286,25 @@ static int get_key(kw_cache *c, const cJSON *h, kw_keys_key *k, bool *have_key,
     return rc;
 }
 
-/* Records a get that missed, for `kwarm misses`. */
+/* Records a get that missed (the cache, or the client's loaded set: kind),
+ * for `kwarm misses`. */
 static void audit_miss(kw__daemon *d, uid_t uid, pid_t pid, const kw_keys_key *k,
-                       bool have_key, int outcome)
+                       bool have_key, int outcome, int kind)
 {
     kw__miss m = {.t = kw__audit_now(), .uid = uid, .pid = pid, .key = *k,
-                  .have_key = have_key, .outcome = outcome};
+                  .have_key = have_key, .outcome = outcome, .kind = kind};
     kw__audit_add(&d->audit, &m);
+}
+
+/* The get's "miss": absent (0), "runtime" (1) or "capture" (2): a serving
+ * process says its own loaded set lacked the key (issue 22), so the get
+ * is audited even when the cache answers it.  -1 for anything else. */
+static int miss_kind(const cJSON *hdr)
+{
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(hdr, "miss");
+    if (m == NULL)
+        return 0;
+    return kw__audit_kind_from_name(cJSON_GetStringValue(m));
 }
 
 /* The loop's half of a get that compiled: answer from the cache. */
@@ -318,7 +330,8 @@ static void on_get_result(const kw_warm_result *res, void *arg)
     static const int outcome[] = {[KW_WARM_HIT] = 1, [KW_WARM_REMOTE_HIT] = 3,
                                   [KW_WARM_COMPILED] = 1, [KW_WARM_FAILED] = 2,
                                   [KW_WARM_CANCELLED] = 4};
-    audit_miss(r->d, r->uid, r->pid, &r->key, true, outcome[res->status]);
+    audit_miss(r->d, r->uid, r->pid, &r->key, true, outcome[res->status],
+               r->miss_kind);
     r->status = res->status;
     r->rc = res->rc;
     if (res->log != NULL)
@@ -339,7 +352,12 @@ static int handle_get(kw__conn *c, const cJSON *hdr, double t0)
     bool have_key;
     char err[256];
     const cJSON *comp = cJSON_GetObjectItemCaseSensitive(hdr, "compile");
-    int rc = get_key(c->d->cache, hdr, &k, &have_key, err, sizeof err);
+    int kind = miss_kind(hdr);
+    int rc = kind < 0 ? KW_EINVAL
+                      : get_key(c->d->cache, hdr, &k, &have_key, err, sizeof err);
+    if (kind < 0)
+        snprintf(err, sizeof err, "get: \"miss\" must be \"runtime\" or "
+                 "\"capture\"");
     if (rc < 0) {
         kw__conn_error(c, rc, err, false);
         return -1;
@@ -357,7 +375,9 @@ static int handle_get(kw__conn *c, const cJSON *hdr, double t0)
                        "compiled: ask by family, fields and arch (kwarm keys "
                        "--json lists them), or warm the deployment first", false);
     if (missed && !may_compile)
-        audit_miss(c->d, c->uid, c->pid, &k, have_key, 0);
+        audit_miss(c->d, c->uid, c->pid, &k, have_key, 0, kind);
+    else if (rc == 0 && kind) /* the client missed; the cache had it */
+        audit_miss(c->d, c->uid, c->pid, &k, have_key, 5, kind);
     if (rc == 0 || !may_compile || !missed)
         return rc == 0 ? 0 : -1;
     kw__req *r = req_new(c, KW_PROTO_GET, NULL);
@@ -366,6 +386,7 @@ static int handle_get(kw__conn *c, const cJSON *hdr, double t0)
         return -1;
     }
     r->key = k;
+    r->miss_kind = kind;
     r->t0 = t0;
     rc = kw_warm_submit(c->d->warm, &k, 1, rc == KW_ECORRUPT ? KW_WARM_PURGE : 0,
                         on_get_result, r, &r->job);

@@ -50,7 +50,12 @@ typedef struct kw__miss {
     kw_keys_key key;   /* the digest always; family, fields, arch when given */
     bool have_key;     /* the get named family, fields and arch */
     int outcome;       /* 0 not compiled, 1 compiled, 2 failed, 3 remote hit,
-                          4 cancelled */
+                          4 cancelled, 5 cached (a serving process's
+                          miss this cache could answer) */
+    int kind;          /* who missed (kw__audit_kind_name): 0 the cache (a
+                          get kwarmd could not answer from it), 1 a serving
+                          process's loaded set ("runtime"), 2 the same while
+                          its stream captured a graph ("capture") */
 } kw__miss;
 
 typedef struct kw__audit {
@@ -73,6 +78,10 @@ void kw__audit_flush(kw__audit *a);
 /* A copy (malloc'd, *out) of the records since `since`, oldest first. */
 size_t kw__audit_snapshot(kw__audit *a, uint64_t since, kw__miss **out);
 cJSON *kw__audit_json(const kw__miss *m);
+/* "runtime" / "capture" for a kind a client reported, NULL for 0; and
+ * back (-1 for a name that is neither). */
+const char *kw__audit_kind_name(int kind);
+int kw__audit_kind_from_name(const char *name);
 const char *kw__audit_outcome_name(int outcome);
 uint64_t kw__audit_now(void);
 
@@ -207,8 +216,10 @@ struct kw__req {
      * to warm (0 before), and (loop thread) uv_now() of the last frame */
     _Atomic size_t hb_pending, hb_done, hb_total;
     uint64_t hb_last;
-    /* get: the key, and its compile's outcome */
+    /* get: the key, the kind of miss the client says it is (kw__miss),
+     * and its compile's outcome */
     kw_keys_key key;
+    int miss_kind;
     kw_warm_status status;
     int rc;
     char *log;

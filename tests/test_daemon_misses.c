@@ -3,6 +3,7 @@
  * the decoy root instead of the text config then asks for a key nobody
  * warmed.  `kwarm misses` must name the field, both values and the pin. */
 #include "daemon_util.h"
+#include "kw_client.h"
 
 /* Each test's daemons are killed and their directories removed. */
 TestSuite(daemon_misses, .fini = kwd_cleanup);
@@ -136,5 +137,75 @@ Test(daemon_misses, the_audit_outlives_a_restart)
     kwr_free(&m);
     cJSON_Delete(q);
     cJSON_Delete(g);
+    kwd_down(&d, &c);
+}
+
+/* A get that says it is a serving process's miss ("miss": "runtime" or
+ * "capture", issue 22) is audited with that kind even when the cache
+ * answers it; any other "miss" is refused, naming the member. */
+Test(daemon_misses, a_serving_processs_miss_is_audited_even_on_a_hit)
+{
+    cr_assert_eq(setenv("KWARM_TEST_INSTANT_COMPILE", "1", 1), 0);
+    kwd d;
+    kwc c;
+    kwd_up(&d, "kwm-kind", 1, NULL, &c);
+    cJSON *get = cJSON_CreateObject();
+    cJSON_AddStringToObject(get, "family", "indexer_topk");
+    cJSON *f = cJSON_AddObjectToObject(get, "fields");
+    cJSON_AddNumberToObject(f, "topk", 2048);
+    cJSON_AddTrueToObject(f, "windowed");
+    cJSON_AddStringToObject(get, "arch", "sm_90");
+    kwr r = kwc_call(&c, KW_PROTO_GET, get, NULL); /* compiles it */
+    kwr_expect_type(&r, KW_PROTO_RESULT, "the first get");
+    kwr_free(&r);
+    cJSON_AddStringToObject(get, "miss", "runtime");
+    r = kwc_call(&c, KW_PROTO_GET, get, NULL); /* a hit */
+    kwr_expect_type(&r, KW_PROTO_RESULT, "a runtime miss that hits");
+    kwr_free(&r);
+    cJSON_ReplaceItemInObject(get, "miss", cJSON_CreateString("capture"));
+    cJSON_AddFalseToObject(get, "compile");
+    r = kwc_call(&c, KW_PROTO_GET, get, NULL);
+    kwr_expect_type(&r, KW_PROTO_RESULT, "a capture miss that hits");
+    kwr_free(&r);
+    cJSON_ReplaceItemInObject(get, "miss", cJSON_CreateString("later"));
+    r = kwc_call(&c, KW_PROTO_GET, get, NULL);
+    kwr_expect_type(&r, KW_PROTO_ERROR, "an unknown kind of miss");
+    char *why = kwr_text(&r);
+    cr_assert(strstr(why, "miss") && strstr(why, "runtime"), "%s", why);
+    free(why);
+    kwr_free(&r);
+    cJSON_Delete(get);
+    /* The ping after the error answers: the connection is still good. */
+    r = kwc_call(&c, KW_PROTO_PING, NULL, NULL);
+    kwr_expect_type(&r, KW_PROTO_PONG, "ping after the refused get");
+    kwr_free(&r);
+    kw_client *kc = NULL;
+    cr_assert_eq(kw_client_connect(&kc, d.sock, 5000, NULL, 0), 0);
+    char *doc = NULL;
+    cr_assert_eq(kw_client_misses(kc, 0, &doc), 0, "%s",
+                 kw_client_last_error(kc));
+    kw_client_close(kc);
+    cJSON *all = cJSON_Parse(doc);
+    free(doc);
+    const cJSON *items = cJSON_GetObjectItemCaseSensitive(all, "misses");
+    int runtime = 0, capture = 0, plain = 0;
+    const cJSON *m;
+    cJSON_ArrayForEach(m, items) {
+        const char *kind = cJSON_GetStringValue(
+            cJSON_GetObjectItemCaseSensitive(m, "kind"));
+        const char *oc = cJSON_GetStringValue(
+            cJSON_GetObjectItemCaseSensitive(m, "outcome"));
+        if (kind && strcmp(kind, "runtime") == 0 && strcmp(oc, "cached") == 0)
+            runtime++;
+        else if (kind && strcmp(kind, "capture") == 0 &&
+                 strcmp(oc, "cached") == 0)
+            capture++;
+        else if (!kind)
+            plain++;
+    }
+    cr_assert_eq(runtime, 1);
+    cr_assert_eq(capture, 1);
+    cr_assert_eq(plain, 1, "the first get missed the cache itself");
+    cJSON_Delete(all);
     kwd_down(&d, &c);
 }

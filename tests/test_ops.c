@@ -218,8 +218,9 @@ Test(ops, index_conversion_runs_in_the_deployments_geometry)
     kwd_stop(&d);
 }
 
-/* The number of misses kwarmd's audit holds for this process. */
-static int audited(const char *sock)
+/* The misses kwarmd's audit holds for this process, of kind ("runtime",
+ * "capture"; NULL: any). */
+static int audited(const char *sock, const char *kind)
 {
     kw_client *c = NULL;
     cr_assert_eq(kw_client_connect(&c, sock, 5000, NULL, 0), 0);
@@ -231,8 +232,27 @@ static int audited(const char *sock)
     const cJSON *m;
     cJSON_ArrayForEach(m, cJSON_GetObjectItemCaseSensitive(j, "misses")) {
         const cJSON *pid = cJSON_GetObjectItemCaseSensitive(m, "pid");
-        n += cJSON_IsNumber(pid) && (pid_t)pid->valuedouble == getpid();
+        const char *k = cJSON_GetStringValue(
+            cJSON_GetObjectItemCaseSensitive(m, "kind"));
+        n += cJSON_IsNumber(pid) && (pid_t)pid->valuedouble == getpid() &&
+             (!kind || (k && strcmp(k, kind) == 0));
     }
+    cJSON_Delete(j);
+    free(doc);
+    kw_client_close(c);
+    return n;
+}
+
+/* kwarmd's count of compiles started. */
+static double compiles(const char *sock)
+{
+    kw_client *c = NULL;
+    cr_assert_eq(kw_client_connect(&c, sock, 5000, NULL, 0), 0);
+    char *doc = NULL;
+    cr_assert_eq(kw_client_stats(c, &doc), 0);
+    cJSON *j = cJSON_Parse(doc);
+    double n = cJSON_GetNumberValue(
+        cJSON_GetObjectItemCaseSensitive(j, "compiles_started"));
     cJSON_Delete(j);
     free(doc);
     kw_client_close(c);
@@ -270,7 +290,8 @@ Test(ops, a_miss_during_capture_loads_nothing_and_outside_is_served_once)
                                  &loaded), 0);
     cr_assert(!loaded);
     size_t before = kw_ops_each(ops, NULL, NULL);
-    int audit0 = audited(d.sock);
+    int audit0 = audited(d.sock, NULL);
+    double compiled0 = compiles(d.sock);
 
     s.capturing = true;
     int rc = kw_ops_run(ops, KW_LAUNCH_INDEXER_LOGITS, &c, 0);
@@ -281,7 +302,8 @@ Test(ops, a_miss_during_capture_loads_nothing_and_outside_is_served_once)
               "the error names the key and the setting: %s", e);
     cr_assert_eq(kw_ops_each(ops, NULL, NULL), before, "nothing loaded");
     cr_assert_eq(s.launches, 0);
-    cr_assert_eq(audited(d.sock), audit0, "nothing asked of kwarmd");
+    cr_assert_eq(audited(d.sock, "capture"), 1, "kwarmd audits the capture");
+    cr_assert_eq(compiles(d.sock), compiled0, "and compiles nothing for it");
 
     s.capturing = false;
     for (int i = 0; i < 3; i++)
@@ -296,8 +318,24 @@ Test(ops, a_miss_during_capture_loads_nothing_and_outside_is_served_once)
     cr_assert_eq(s.logs, 1, "logged once");
     cr_assert(strstr(s.log, "runtime miss") && strstr(s.log, "\"heads\": 32"),
               "%s", s.log);
-    cr_assert_eq(audited(d.sock), audit0 + 1,
-                 "kwarmd audits the miss with this pid");
+    cr_assert_eq(audited(d.sock, "runtime"), 1,
+                 "kwarmd audits the runtime miss with this pid");
+    cr_assert_eq(audited(d.sock, NULL), audit0 + 2);
+
+    /* A second process's handle misses the same key: kwarmd now holds it,
+     * and still audits the miss. */
+    kw_ops_opts o2 = {.socket = d.sock, .config_json = config,
+                      .deployment_json = "{\"dcp_world\": 2, \"dcp_rank\": 0}",
+                      .arch = "sm_90", .device = &dev};
+    kw_ops *ops2 = NULL;
+    char err[512] = "";
+    cr_assert_eq(kw_ops_load(&ops2, &o2, err, sizeof(err)), 0, "%s", err);
+    double compiled1 = compiles(d.sock);
+    cr_assert_eq(kw_ops_run(ops2, KW_LAUNCH_INDEXER_LOGITS, &c, 0), 0, "%s",
+                 kw_ops_last_error(ops2));
+    cr_assert_eq(compiles(d.sock), compiled1, "a hit in kwarmd's cache");
+    cr_assert_eq(audited(d.sock, "runtime"), 2, "audited all the same");
+    kw_ops_free(ops2);
     kw_ops_free(ops);
     free(config);
     kwd_stop(&d);
