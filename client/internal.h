@@ -50,6 +50,7 @@ int kw__client_request(kw_client *c, uint16_t type, const cJSON *hdr,
 /* ---- kw_ops (ops.c, ops_load.c) -------------------------------------- */
 
 #include <pthread.h>
+#include <time.h>
 
 #include "kw_ops.h"
 
@@ -84,6 +85,14 @@ struct kw_ops {
     double load_ms;
     char err[1024];
 };
+
+/* Milliseconds of CLOCK_MONOTONIC, for the load's and a miss's times. */
+static inline double kw__ops_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
 
 /* Finds (fam, fields) in o's table: the entry, or NULL.  Caller holds
  * o->lock. */

@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 /* ---- the table: (family, fields) -> kernel, open addressing ---------- */
 
@@ -177,13 +176,6 @@ static int capturing(kw_ops *o, uintptr_t cu_stream, bool *out)
                                : 0;
 }
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
 /* The key (fam, fields) is not loaded.  While the stream captures: refused,
  * nothing asked of kwarmd or loaded.  Otherwise fetched (kwarmd compiles
  * and audits it), loaded, counted and logged; *out gets the entry. */
@@ -221,7 +213,7 @@ static int miss(kw_ops *o, kw_launch_op op, int fam, const int64_t *fields,
         pthread_mutex_unlock(&o->miss_lock);
         return 0;
     }
-    double t0 = now_ms();
+    double t0 = kw__ops_now_ms();
     char err[768];
     rc = kw__ops_fetch(o, fam, fields, true, out, err, sizeof(err));
     if (rc == 0) {
@@ -247,7 +239,7 @@ static int miss(kw_ops *o, kw_launch_op op, int fam, const int64_t *fields,
                  "loaded before serving; fetched from kwarmd and loaded in "
                  "%.1f ms (%s)",
                  kw_launch_family_name(fam), key, o->arch, out->digest,
-                 now_ms() - t0, hint);
+                 kw__ops_now_ms() - t0, hint);
         o->log(o->log_ctx, line);
     }
     return 0;

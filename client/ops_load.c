@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
@@ -393,17 +392,10 @@ static int check_opts(const kw_ops_opts *opts, char *err, size_t errlen)
     return 0;
 }
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
 int kw_ops_load(kw_ops **out, const kw_ops_opts *opts, char *err,
                 size_t errlen)
 {
-    double t0 = now_ms();
+    double t0 = kw__ops_now_ms();
     int rc = out ? check_opts(opts, err, errlen)
                  : fail(err, errlen, KW_EINVAL, "kw_ops_load: NULL out");
     if (rc < 0)
@@ -431,7 +423,7 @@ int kw_ops_load(kw_ops **out, const kw_ops_opts *opts, char *err,
         kw_ops_free(o);
         return rc;
     }
-    o->load_ms = now_ms() - t0;
+    o->load_ms = kw__ops_now_ms() - t0;
     *out = o;
     return 0;
 }
