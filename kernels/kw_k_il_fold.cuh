@@ -26,6 +26,22 @@ __device__ __forceinline__ void il_partial(float (&v)[V], const float *acc,
     }
 }
 
+/* il_partial over all NJ column groups, with this thread's weights in
+ * registers: wr[j] holds w[8 j + 2 tq] and w[8 j + 2 tq + 1]. */
+template <int HP, int V, int NJ>
+__device__ __forceinline__ void il_partial_r(float (&v)[V], const float *acc,
+                                             const float2 (&wr)[NJ])
+{
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+        const int qq = j / (HP / 8);
+        v[2 * qq] += fmaxf(acc[4 * j], 0.0f) * wr[j].x;
+        v[2 * qq] += fmaxf(acc[4 * j + 1], 0.0f) * wr[j].y;
+        v[2 * qq + 1] += fmaxf(acc[4 * j + 2], 0.0f) * wr[j].x;
+        v[2 * qq + 1] += fmaxf(acc[4 * j + 3], 0.0f) * wr[j].y;
+    }
+}
+
 /* The quad's sums of the V = 2 QB partial sums of il_partial, scattered:
  * lane tq = b + 2 c ends with NV of them, those of index il_quad::idx(i),
  * after two shuffle steps (each lane sends the half it does not keep)
@@ -93,6 +109,24 @@ struct il_quad {
                 out[(bk.row0 + (id >> 1)) * bk.stride + n] =
                     n >= lo[l] && n < hi[l] ? u[i] * (id & 1 ? sc1 : sc0)
                                             : -__int_as_float(0x7f800000);
+        }
+    }
+
+    /* write() for rows inside every window of the block's QB queries, all
+     * valid, and below the column limit: no per-score check. */
+    static __device__ __forceinline__ void write_inside(
+        float (&v)[V], const il_block<QB> &bk, int r0, float sc0, float sc1,
+        float *__restrict__ out)
+    {
+        float u[NV];
+        sum(v, u);
+        if (V < 4 && (threadIdx.x & 2))
+            return; /* two lanes of the quad hold the other halves */
+#pragma unroll
+        for (int i = 0; i < NV; i++) {
+            const int id = idx(i);
+            out[(bk.row0 + (id >> 1)) * bk.stride + r0 + 8 * (id & 1)] =
+                u[i] * (id & 1 ? sc1 : sc0);
         }
     }
 };
