@@ -4,10 +4,13 @@
  * its launch geometry for bench/indexer_bench.py, which times them on
  * the GPU against torch and Triton on the same data.
  *
- * usage: bench_indexer OUTDIR
+ * usage: bench_indexer OUTDIR [NVRTC-OPTION...]
  * Writes OUTDIR/<name>.cubin and OUTDIR/kernels.json; prints the compile
  * seconds of each key and the process's total (the NVRTC side of the
- * start-up comparison in docs/perf.md). */
+ * start-up comparison in docs/perf.md).  Options after OUTDIR (say
+ * -DIL_WREG=1 or --ptxas-options=-v) are appended to each key's own, for
+ * kernel experiments timed beside the committed build; such cubins are
+ * never what a cache holds. */
 #include <stdio.h>
 #include <string.h>
 
@@ -23,6 +26,7 @@ typedef struct bkey {
 
 static const bkey keys[] = {
     {"logits_prefill", KW_K_INDEXER_LOGITS, {64, 128, 0, 0, 1}},
+    {"logits_prefill_h32", KW_K_INDEXER_LOGITS, {32, 128, 0, 0, 1}},
     {"logits_decode_n1", KW_K_INDEXER_LOGITS, {64, 128, 1, 64, 1}},
     {"logits_decode_n2", KW_K_INDEXER_LOGITS, {64, 128, 1, 64, 2}},
     {"topk_windowed", KW_K_INDEXER_TOPK, {2048, 1}},
@@ -30,8 +34,33 @@ static const bkey keys[] = {
 };
 #define NKEYS (sizeof keys / sizeof keys[0])
 
+#define MAXOPTS 64
+
+/* kw_keys_compile() of k with nextra more NVRTC options after its own. */
+static int compile(const kw_keys_key *k, char **extra, int nextra,
+                   kw_jit_result *r)
+{
+    kw_keys_build b;
+    kw_jit_req req;
+    const char *opts[MAXOPTS];
+    memset(r, 0, sizeof *r);
+    int rc = kw_keys_jit_req(k, &b, &req);
+    if (rc < 0)
+        return rc;
+    if (req.nextra + (size_t)nextra > MAXOPTS)
+        return -22; /* -EINVAL */
+    for (size_t i = 0; i < req.nextra; i++)
+        opts[i] = req.extra_opts[i];
+    for (int i = 0; i < nextra; i++)
+        opts[req.nextra + (size_t)i] = extra[i];
+    req.extra_opts = opts;
+    req.nextra += (size_t)nextra;
+    return kw_jit_compile(&req, r);
+}
+
 /* Compiles one key and writes its cubin; appends its JSON entry. */
-static int one(const char *dir, const bkey *b, FILE *js, bool first)
+static int one(const char *dir, const bkey *b, FILE *js, bool first,
+               char **extra, int nextra)
 {
     kw_keys_key k = {.family = b->family};
     kw_jit_result r;
@@ -39,7 +68,7 @@ static int one(const char *dir, const bkey *b, FILE *js, bool first)
     memcpy(k.fields, b->fields, sizeof b->fields);
     snprintf(k.arch, sizeof k.arch, "sm_90");
     double t0 = bench_now_ns();
-    int rc = kw_keys_compile(&k, false, &r);
+    int rc = compile(&k, extra, nextra, &r);
     double s = (bench_now_ns() - t0) / 1e9;
     if (rc < 0) {
         fprintf(stderr, "%s: %s\n%s\n", b->name, kw_strerror(rc),
@@ -68,10 +97,10 @@ static int one(const char *dir, const bkey *b, FILE *js, bool first)
 
 int main(int argc, char **argv)
 {
-    if (bench_help(argc, argv, "usage: bench_indexer OUTDIR"))
+    if (bench_help(argc, argv, "usage: bench_indexer OUTDIR [NVRTC-OPTION...]"))
         return 0;
-    if (argc != 2) {
-        fprintf(stderr, "usage: bench_indexer OUTDIR\n");
+    if (argc < 2) {
+        fprintf(stderr, "usage: bench_indexer OUTDIR [NVRTC-OPTION...]\n");
         return 2;
     }
     char path[1024];
@@ -85,7 +114,7 @@ int main(int argc, char **argv)
     int rc = 0;
     fprintf(js, "{");
     for (size_t i = 0; i < NKEYS && rc == 0; i++)
-        rc = one(argv[1], &keys[i], js, i == 0);
+        rc = one(argv[1], &keys[i], js, i == 0, argv + 2, argc - 2);
     double s = (bench_now_ns() - t0) / 1e9;
     fprintf(js, ",\n  \"total_compile_s\": %.3f\n}\n", s);
     fclose(js);

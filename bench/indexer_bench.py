@@ -74,8 +74,11 @@ class Kernel:
                 conv.append(cupy.asarray(a))
             else:
                 conv.append(cupy.int32(a))
+        # On torch's current stream, so that events and CUDA graphs
+        # captured through torch see the launch.
+        st = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
         self.fn(grid, (self.meta["threads"],), tuple(conv),
-                shared_mem=self.meta["shmem"])
+                shared_mem=self.meta["shmem"], stream=st)
 
 
 def fp8(shape, gen, scale=1.0):

@@ -1,0 +1,418 @@
+#!/usr/bin/env python3
+"""kwarm's indexer kernels side by side with DeepGEMM's, which DeepSeek-V3.2
+/ V4 serving stacks call (fp8_mqa_logits, fp8_paged_mqa_logits).
+
+usage: indexer_peer.py DIR [--json F] [--rounds R] [--iters N]
+                       [--quick] [--only prefill|decode|topk] [--also DIR2]
+
+DIR holds bench_indexer's cubins and kernels.json; DeepGEMM is imported
+from PYTHONPATH, built at run time by bench/deepgemm_build.sh (nothing of
+it is in the repository).  Every case runs both kernels on the same data
+in this process:
+
+- each kernel is timed in its own sustained state (half a second of
+  itself, then --iters launches; medians over --rounds rounds), since the
+  H200 caps its power and a kernel timed right after another runs at the
+  clock the other left (indexer_bench.py, rounds());
+- an 8192^3 torch._scaled_mm and a 1 GiB copy, timed the same way in this
+  run, are the floors' yardsticks;
+- both outputs are checked on sampled query rows against a float64
+  reference at the spec's tolerance (2^-12 of the sum of absolute terms),
+  -inf outside each window;
+- the same FLOPs and bytes are counted for both: 2 H D per (query, row in
+  its window); decode bytes are K and its scales read once per request
+  (the rows up to the longest window), which is what copy bandwidth is
+  compared with.
+
+DeepGEMM's time is the whole call (its output allocation, its kernel and
+its clean pass writing -inf outside the windows, which kwarm's kernel
+writes itself).  Prefill cases: S in 2048, 4096, 8192; SK 8192 to 131072;
+causal windows, and DeepGEMM's context-parallel windows (two chunks of
+S/2 queries at mirrored positions of SK/S ranks); H 64 and 32.  Decode:
+128 x 65536 and 64 x 32768 at next_n 1 and 2, and 1, 8, 32 requests of
+65536.  topk: indexer_topk against torch.topk on the prefill's own logits,
+and on rows that are mostly exact zeros (the ReLU plateaus), replayed 25
+times, each equal to a stable torch order.
+"""
+import argparse
+import json
+import statistics
+import sys
+
+import torch
+
+import indexer_bench as ib
+
+D = 128
+
+
+def sustained(fn, iters, rounds):
+    """Median ms over rounds, each after half a second of fn itself."""
+    out = []
+    for _ in range(rounds):
+        ib.settle(fn, 0.5)
+        out.append(ib.timed(fn, iters))
+    return statistics.median(out), out
+
+
+def yardsticks(a, res, tag):
+    peer, pflops = ib.matrix_peer()
+    ms, _ = sustained(peer, 7 * a.iters, a.rounds)
+    res[f"fp8_mm_tflops_{tag}"] = pflops / (ms / 1e3) / 1e12
+    n = 1 << 30
+    x = torch.empty(n, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    ms, _ = sustained(lambda: y.copy_(x), a.iters, a.rounds)
+    res[f"copy_gbps_{tag}"] = 2 * n / (ms / 1e3) / 1e9
+    del x, y
+    torch.cuda.empty_cache()
+    print(f"yardsticks ({tag}): _scaled_mm {res[f'fp8_mm_tflops_{tag}']:.0f} TFLOP/s, "
+          f"copy {res[f'copy_gbps_{tag}']:.0f} GB/s", flush=True)
+
+
+def windows(S, SK, cp):
+    """ks, ke of DeepGEMM's test: causal, or its context-parallel layout."""
+    ks = torch.zeros(S, dtype=torch.int32, device="cuda")
+    if not cp:
+        return ks, (torch.arange(S, device="cuda") + (SK - S + 1)).to(torch.int32)
+    half, ranks = S // 2, SK // S
+    rank = ranks // 3
+    i = torch.arange(half, device="cuda")
+    ke = torch.cat([rank * half + i + 1, (2 * ranks - 1 - rank) * half + i + 1])
+    return ks, ke.clamp(max=SK).to(torch.int32)
+
+
+class DeepGEMM:
+    """The installed DeepGEMM's two calls, whichever API generation."""
+
+    def __init__(self):
+        import deep_gemm
+        self.dg = deep_gemm
+        self.new = hasattr(deep_gemm, "fp8_fp4_mqa_logits")
+        self.version = getattr(deep_gemm, "__version__", "?")
+        self.sms = deep_gemm.get_num_sms()
+
+    def prefill(self, q, k, ksc, w, ks, ke):
+        return lambda: self.dg.fp8_mqa_logits(q, (k, ksc), w, ks, ke, clean_logits=True)
+
+    def decode(self, q4, fused, w, re2, bt, rows):
+        """The paged call.  The 2.6 series takes per-query lengths (2-D)
+        and then has no clean pass (its output outside the windows is
+        left unwritten, so only the windows are checked); the 2.1 series
+        takes per-request lengths and writes -inf outside, as kwarm does."""
+        lens = re2 if self.new else re2[:, -1].contiguous()
+        meta = self.dg.get_paged_mqa_logits_metadata(lens, 64, self.sms)
+        clean = not self.new
+        return lambda: self.dg.fp8_paged_mqa_logits(q4, fused, w, lens, bt, meta, rows, clean)
+
+
+def check(out, q, k, ksc, w, ks, ke, rows):
+    ref, mag = ib.ref_rows(q, w, k, ks, rows, ksc)
+    bad = 0
+    for i, t in enumerate(rows):
+        r = ref[i].clone()
+        inw = torch.zeros_like(r, dtype=torch.bool)
+        inw[ks[t].item():ke[t].item()] = True
+        r[~inw] = 0
+        bad += ib.check_rows(out[t], r, mag[i], ks[t].item(), ke[t].item())
+    return bad
+
+
+def prefill_case(a, kern, dg, S, SK, H, cp, res):
+    g = torch.Generator(device="cuda").manual_seed(S + SK + H + cp)
+    q = ib.fp8((S, H, D), g)
+    k = ib.fp8((SK, D), g)
+    w = torch.randn(S, H, generator=g, device="cuda") / H
+    ksc = torch.rand(SK, generator=g, device="cuda") + 0.5
+    ks, ke = windows(S, SK, cp)
+    flops = 2.0 * H * D * float((ke - ks).sum().item())
+    out = torch.empty(S, SK, device="cuda")
+    qb = kern.meta["queries"]
+    args = [q.view(torch.uint8), w, k.view(torch.uint8), ksc, ks, ke, S, SK, SK, out]
+    kw = lambda: kern(((S + qb - 1) // qb,), args)  # noqa: E731
+    dgf = dg.prefill(q, k, ksc, w, ks, ke)
+    rows = sorted({0, S // 2 - 1, S // 2, S - 1})
+    kw()
+    dout = dgf()
+    torch.cuda.synchronize()
+    bad_k = check(out, q, k, ksc, w, ks, ke, rows)
+    bad_d = check(dout, q, k, ksc, w, ks, ke, rows)
+    del dout
+    rk, rd = [], []
+    for _ in range(a.rounds):
+        rk.append(sustained(kw, a.iters, 1)[0])
+        rd.append(sustained(dgf, a.iters, 1)[0])
+    mk, md = statistics.median(rk), statistics.median(rd)
+    row = {"S": S, "SK": SK, "H": H, "cp": cp, "tflop": flops / 1e12,
+           "kwarm_ms": mk, "deepgemm_ms": md, "kwarm_ms_rounds": rk, "deepgemm_ms_rounds": rd,
+           "kwarm_tflops": flops / mk / 1e9, "deepgemm_tflops": flops / md / 1e9,
+           "kwarm_mismatches": bad_k, "deepgemm_mismatches": bad_d,
+           "deepgemm_over_kwarm": mk / md}
+    res.setdefault("prefill", []).append(row)
+    print(f"prefill S={S:5} SK={SK:6} H={H} {'cp    ' if cp else 'causal'}: kwarm {mk:7.3f} ms "
+          f"{row['kwarm_tflops']:5.0f} TFLOP/s | DeepGEMM {md:7.3f} ms {row['deepgemm_tflops']:5.0f} | "
+          f"kwarm time / DeepGEMM {mk / md:.3f} | mismatches {bad_k}/{bad_d}", flush=True)
+    del q, k, out
+    torch.cuda.empty_cache()
+
+
+def graphed(fn, calls=20):
+    """A CUDA graph of calls back-to-back calls of fn, as a serving decode
+    step replays them: returns a function that replays it once."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(g, stream=s):
+            for _ in range(calls):
+                fn()
+    torch.cuda.synchronize()
+    return g.replay
+
+
+def decode_data(B, L, nn, g):
+    PR = 64
+    width = (L + PR - 1) // PR
+    pages = B * width
+    kp = ib.fp8((pages, PR, D), g)
+    ksc = torch.rand(pages, PR, generator=g, device="cuda") + 0.5
+    bt = torch.randperm(pages, generator=g, device="cuda").to(torch.int32).view(B, width)
+    Q = B * nn
+    q = ib.fp8((Q, 64, D), g)
+    w = torch.randn(Q, 64, generator=g, device="cuda") / 64
+    re = torch.full((Q,), L, dtype=torch.int32, device="cuda")
+    for i in range(nn):
+        re[i::nn] = L - (nn - 1 - i)
+    fused = torch.empty(pages, PR * (D + 4), dtype=torch.uint8, device="cuda")
+    fused[:, :PR * D] = kp.view(torch.uint8).view(pages, PR * D)
+    fused[:, PR * D:] = ksc.view(torch.uint8).view(pages, PR * 4)
+    return kp, ksc, bt, q, w, re, fused.view(pages, PR, 1, D + 4), width
+
+
+def decode_check(out, kp, ksc, bt, q, w, re, nn, L, outside=True):
+    bad = 0
+    for i in (0, q.shape[0] - 1):
+        b, e = i // nn, re[i].item()
+        kr = kp[bt[b].long()].reshape(-1, D)[:e]
+        sr = ksc[bt[b].long()].reshape(-1)[:e]
+        s = q[i].double() @ kr.double().t()
+        v = (s.clamp(min=0) * w[i].double()[:, None]).sum(0) * sr.double()
+        m = ((q[i].double().abs() @ kr.double().abs().t()) * w[i].double().abs()[:, None]).sum(0) * sr.double()
+        full = torch.zeros(L, dtype=torch.float64, device="cuda")
+        fm = torch.zeros(L, dtype=torch.float64, device="cuda")
+        full[:e], fm[:e] = v, m
+        got = out[i][:L] if outside else torch.where(torch.arange(L, device="cuda") < e, out[i][:L],
+                                                     torch.tensor(float("-inf"), device="cuda"))
+        bad += ib.check_rows(got, full, fm, 0, e)
+    return bad
+
+
+def decode_case(a, kerns, dg, B, L, nn, res):
+    kern = kerns[nn]
+    g = torch.Generator(device="cuda").manual_seed(7 + B + nn)
+    kp, ksc, bt, q, w, re, fused, width = decode_data(B, L, nn, g)
+    Q = B * nn
+    out = torch.empty(Q, L, device="cuda")
+    qb = kern.meta["queries"]
+    groups = (nn + qb - 1) // qb
+    split = ib.decode_split(B * groups, (L + 63) // 64, ib.blocks_per_sm(kern))
+    args = [q.view(torch.uint8), w, kp.view(torch.uint8), ksc, bt, re, B, width, L, out]
+    kw = lambda: kern((split, B, groups), args)  # noqa: E731
+    dgf = dg.decode(q.view(B, nn, 64, D), fused, w, re.view(B, nn), bt, L)
+    kw()
+    dout = dgf()
+    torch.cuda.synchronize()
+    bad_k = decode_check(out, kp, ksc, bt, q, w, re, nn, L)
+    bad_d = decode_check(dout, kp, ksc, bt, q, w, re, nn, L, outside=not dg.new)
+    del dout
+    # Timed as 20 calls in one CUDA graph (what a decode step replays), so
+    # that small batches show the GPU's latency, not Python's launch cost.
+    gk, gd = graphed(kw), graphed(dgf)
+    rk, rd = [], []
+    for _ in range(a.rounds):
+        rk.append(sustained(gk, a.iters, 1)[0] / 20)
+        rd.append(sustained(gd, a.iters, 1)[0] / 20)
+    mk, md = statistics.median(rk), statistics.median(rd)
+    nbytes = B * L * (D + 4)
+    cg = res["copy_gbps_start"]
+    row = {"B": B, "L": L, "next_n": nn, "split": split, "bytes": nbytes,
+           "kwarm_us": mk * 1e3, "deepgemm_us": md * 1e3, "kwarm_ms_rounds": rk, "deepgemm_ms_rounds": rd,
+           "kwarm_gbps": nbytes / mk / 1e6, "deepgemm_gbps": nbytes / md / 1e6,
+           "kwarm_x_copy": nbytes / mk / 1e6 / cg, "deepgemm_x_copy": nbytes / md / 1e6 / cg,
+           "kwarm_mismatches": bad_k, "deepgemm_mismatches": bad_d, "deepgemm_over_kwarm": mk / md}
+    res.setdefault("decode", []).append(row)
+    print(f"decode B={B:3} L={L:6} next_n={nn} (split {split}): kwarm {mk * 1e3:7.1f} us "
+          f"{row['kwarm_gbps']:5.0f} GB/s ({row['kwarm_x_copy']:.2f} of copy) | DeepGEMM {md * 1e3:7.1f} us "
+          f"{row['deepgemm_gbps']:5.0f} GB/s ({row['deepgemm_x_copy']:.2f}) | kwarm time / DeepGEMM {mk / md:.3f} "
+          f"| mismatches {bad_k}/{bad_d}", flush=True)
+    del kp, fused, out
+    torch.cuda.empty_cache()
+
+
+def topk_rows(a, kern, x, ke, tag, res, replays=1):
+    R, N = x.shape
+    out = torch.empty(R, ib.TOPK, dtype=torch.int32, device="cuda")
+    ks = torch.zeros(R, dtype=torch.int32, device="cuda")
+    args = [x, ks, ke, R, N, out]
+    fn = lambda: kern((R,), args)  # noqa: E731
+    xm = x.masked_fill(torch.arange(N, device="cuda")[None, :] >= ke[:, None], float("-inf"))
+    stable = torch.sort(xm, dim=1, descending=True, stable=True)[1][:, :ib.TOPK].to(torch.int32)
+    same = 0
+    for _ in range(replays):
+        fn()
+        same += int(torch.equal(out, stable))
+    mk, _ = sustained(fn, a.iters, a.rounds)
+    mt, _ = sustained(lambda: torch.topk(xm, ib.TOPK, dim=1, sorted=True), a.iters, a.rounds)
+    res[f"topk_{tag}"] = {"kwarm_ms": mk, "torch_ms": mt, "speedup": mt / mk,
+                          "replays": replays, "replays_equal_stable": same}
+    print(f"topk {tag}: kwarm {mk:.3f} ms, torch.topk {mt:.3f} ms ({mt / mk:.2f}x), "
+          f"{same}/{replays} replays equal to the stable order", flush=True)
+
+
+def topk(a, kern, res, prefill_kern):
+    S, SK, H = 4096, 65536, 64
+    g = torch.Generator(device="cuda").manual_seed(11)
+    q = ib.fp8((S, H, D), g)
+    k = ib.fp8((SK, D), g)
+    w = torch.randn(S, H, generator=g, device="cuda") / H
+    ksc = torch.rand(SK, generator=g, device="cuda") + 0.5
+    ks, ke = windows(S, SK, False)
+    x = torch.empty(S, SK, device="cuda")
+    qb = prefill_kern.meta["queries"]
+    prefill_kern(((S + qb - 1) // qb,), [q.view(torch.uint8), w, k.view(torch.uint8), ksc, ks, ke, S, SK, SK, x])
+    x = x.masked_fill(x == float("-inf"), 0.0)   # rows end at ke: the kernel reads no further
+    topk_rows(a, kern, x, ke, "indexer_logits", res, replays=3)
+    # ReLU plateaus: most of each row exactly 0.0, the rest positive.
+    z = torch.relu(torch.randn(S, SK, generator=g, device="cuda") - 2.0)
+    topk_rows(a, kern, z, ke, "mostly_zero", res, replays=25)
+
+
+def variants(a, dirs, res):
+    """Prefill of each DIR (kernel experiments) at 4096 x 65536, H 64,
+    causal, on the same data, alternating rounds, each sustained."""
+    S, SK, H = 4096, 65536, 64
+    g = torch.Generator(device="cuda").manual_seed(5)
+    q = ib.fp8((S, H, D), g)
+    k = ib.fp8((SK, D), g)
+    w = torch.randn(S, H, generator=g, device="cuda") / H
+    ksc = torch.rand(SK, generator=g, device="cuda") + 0.5
+    ks, ke = windows(S, SK, False)
+    flops = 2.0 * H * D * float((ke - ks).sum().item())
+    out = torch.empty(S, SK, device="cuda")
+    fns, times = {}, {}
+    for d in dirs:
+        kern = ib.Kernel(d, "logits_prefill", json.load(open(f"{d}/kernels.json")))
+        qb = kern.meta["queries"]
+        args = [q.view(torch.uint8), w, k.view(torch.uint8), ksc, ks, ke, S, SK, SK, out]
+        fns[d] = (lambda kern=kern, qb=qb, args=args: kern(((S + qb - 1) // qb,), args))
+        out.fill_(1.0)
+        fns[d]()
+        bad = check(out, q, k, ksc, w, ks, ke, [0, 1, 2047, 4095])
+        print(f"variant {d}: {bad} mismatches", flush=True)
+        times[d] = []
+    for _ in range(a.rounds):
+        for d in dirs:
+            times[d].append(sustained(fns[d], a.iters, 1)[0])
+    for d in dirs:
+        m = statistics.median(times[d])
+        res.setdefault("variants", {})[d] = {"ms": m, "rounds": times[d], "tflops": flops / m / 1e9}
+        print(f"variant {d}: {m:.3f} ms = {flops / m / 1e9:.0f} TFLOP/s "
+              f"({flops / m / 1e9 / res['fp8_mm_tflops_start']:.3f} of _scaled_mm); rounds "
+              + ", ".join(f"{t:.3f}" for t in times[d]), flush=True)
+
+
+def jit_child():
+    """A fresh process: DeepGEMM's first prefill call (its JIT compile, to
+    an empty cache) against its second."""
+    import time
+    dg = DeepGEMM()
+    S, SK, H = 4096, 65536, 64
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q, k = ib.fp8((S, H, D), g), ib.fp8((SK, D), g)
+    w = torch.randn(S, H, generator=g, device="cuda")
+    ksc = torch.rand(SK, generator=g, device="cuda")
+    ks, ke = windows(S, SK, False)
+    f = dg.prefill(q, k, ksc, w, ks, ke)
+    torch.cuda.synchronize()
+    out = {}
+    for tag in ("first", "second"):
+        t0 = time.perf_counter()
+        f()
+        torch.cuda.synchronize()
+        out[tag] = time.perf_counter() - t0
+    print(json.dumps(out))
+
+
+def profile_once(a, meta):
+    """One prefill call of each, for Nsight Compute."""
+    dg = DeepGEMM()
+    kern = ib.Kernel(a.dir, "logits_prefill", meta)
+    S, SK, H = 4096, 65536, 64
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q, k = ib.fp8((S, H, D), g), ib.fp8((SK, D), g)
+    w = torch.randn(S, H, generator=g, device="cuda")
+    ksc = torch.rand(SK, generator=g, device="cuda")
+    ks, ke = windows(S, SK, False)
+    out = torch.empty(S, SK, device="cuda")
+    qb = kern.meta["queries"]
+    kern(((S + qb - 1) // qb,), [q.view(torch.uint8), w, k.view(torch.uint8), ksc, ks, ke, S, SK, SK, out])
+    dg.prefill(q, k, ksc, w, ks, ke)()
+    torch.cuda.synchronize()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("dir")
+    ap.add_argument("--json")
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="the main shapes only")
+    ap.add_argument("--only", choices=["prefill", "decode", "topk"])
+    ap.add_argument("--variants", nargs="+", metavar="DIR",
+                    help="only time these builds' prefill (experiments) against each other")
+    ap.add_argument("--jit-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--profile", action="store_true",
+                    help="one prefill call of each, for ncu; no timing")
+    a = ap.parse_args()
+    if a.jit_child:
+        return jit_child()
+    meta = json.load(open(f"{a.dir}/kernels.json"))
+    if a.profile:
+        return profile_once(a, meta)
+    dg = DeepGEMM()
+    res = {"device": torch.cuda.get_device_name(), "deepgemm_new_api": dg.new}
+    yardsticks(a, res, "start")
+    if a.variants:
+        variants(a, a.variants, res)
+        if a.json:
+            json.dump(res, open(a.json, "w"), indent=1)
+        return 0
+    if a.only in (None, "prefill"):
+        kerns = {64: ib.Kernel(a.dir, "logits_prefill", meta), 32: ib.Kernel(a.dir, "logits_prefill_h32", meta)}
+        if a.quick:
+            cases = [(4096, 65536, 64, False), (2048, 65536, 64, False), (4096, 65536, 64, True),
+                     (4096, 65536, 32, False)]
+        else:
+            cases = [(S, SK, H, cp) for H in (64, 32) for S in (2048, 4096, 8192)
+                     for SK in (8192, 32768, 65536, 131072) for cp in (False, True)
+                     if not (cp and (SK % S or SK < 2 * S))]
+        for S, SK, H, cp in cases:
+            prefill_case(a, kerns[H], dg, S, SK, H, cp, res)
+    if a.only in (None, "decode"):
+        kerns = {1: ib.Kernel(a.dir, "logits_decode_n1", meta), 2: ib.Kernel(a.dir, "logits_decode_n2", meta)}
+        cases = [(128, 65536), (64, 32768)] + ([] if a.quick else [(32, 65536), (8, 65536), (1, 65536)])
+        for B, L in cases:
+            for nn in (1, 2):
+                decode_case(a, kerns, dg, B, L, nn, res)
+    if a.only in (None, "topk"):
+        topk(a, ib.Kernel(a.dir, "topk_windowed", meta), res, ib.Kernel(a.dir, "logits_prefill", meta))
+    yardsticks(a, res, "end")
+    if a.json:
+        json.dump(res, open(a.json, "w"), indent=1)
+    bad = sum(r["kwarm_mismatches"] + r["deepgemm_mismatches"] for r in res.get("prefill", []) + res.get("decode", []))
+    return 0 if bad == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
