@@ -55,7 +55,7 @@ def step_inputs(torch, dep, B, ctx, seed):
         "req_id": torch.arange(B, dtype=torch.int32, device="cuda"),
     }
     # index_conversion reads vLLM's block table (its width for W ranks).
-    icw = dep_table_width(dep)
+    icw = dep.table_width()
     t["ic_table"] = torch.randint(0, 1 << 20, (B, icw), generator=g,
                                   device="cuda", dtype=torch.int32)
     # The other rank's candidates: scores and global ids of its own.
@@ -64,15 +64,6 @@ def step_inputs(torch, dep, B, ctx, seed):
     t["other"] = torch.stack([other, ids.float()], dim=2).contiguous()
     t.update(B=B, rows=rows, width=width, W=W, topk=topk, H=H, D=D, PR=PR)
     return t
-
-
-def dep_table_width(dep):
-    s = dep.settings
-    per = s["block_size"] * s["dcp_world"]
-    n = (s["max_model_len"] + per - 1) // per
-    import math
-    mult = 128 // math.gcd(128, s["block_size"])
-    return (n + mult - 1) // mult * mult
 
 
 def kwarm_step(torch, t, out):

@@ -86,6 +86,20 @@ class FindsLibkwarm(unittest.TestCase):
                                 ("stride", _lib.SIZE), ("topk_pos", _lib.OUT),
                                 ("row_end", _lib.OPT_IN)])
 
+    def test_table_width_comes_from_libkwarm(self):
+        """The block-table width a launcher passes index_conversion is
+        libkwarm's (spec section 4.3), not a copy of the formula."""
+        if not os.environ.get("KWARM_LIBRARY"):
+            self.skipTest("KWARM_LIBRARY (the built libkwarm.so) not set")
+        from kwarm import _lib
+        lib = _lib.lib()
+        d = _lib.LaunchDeploy(dcp_world=2, block_size=64, max_model_len=163840)
+        # 163840 rows over 2 ranks of 64-row blocks: 1280, a multiple of 2.
+        self.assertEqual(lib.kw_launch_table_width(d), 1280)
+        d = _lib.LaunchDeploy(dcp_world=8, block_size=16, max_model_len=100000)
+        # ceil(100000 / 128) = 782, rounded up to a multiple of 128/16 = 8.
+        self.assertEqual(lib.kw_launch_table_width(d), 784)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -142,6 +142,7 @@ _PROTOS = {
                                        ctypes.POINTER(LaunchCall), c_int64_p,
                                        ctypes.POINTER(ctypes.c_bool))),
     "kw_ops_deploy": (ctypes.POINTER(LaunchDeploy), (ctypes.c_void_p,)),
+    "kw_launch_table_width": (ctypes.c_int64, (ctypes.POINTER(LaunchDeploy),)),
     "kw_ops_arch": (ctypes.c_char_p, (ctypes.c_void_p,)),
     "kw_ops_stats_get": (None, (ctypes.c_void_p, ctypes.POINTER(OpsStats))),
     "kw_ops_each": (ctypes.c_size_t, (ctypes.c_void_p, EACH_FN, ctypes.c_void_p)),

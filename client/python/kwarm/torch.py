@@ -521,12 +521,19 @@ class Deployment:
         self.device_index = device_index
         self.device_name = "cuda:%d" % device_index if device_index >= 0 \
             else "cpu (stand-in)"
-        d = LIB.kw_ops_deploy(handle).contents
+        self._deploy = LIB.kw_ops_deploy(handle)
+        d = self._deploy.contents
         self.settings = d.as_dict()
         self.topk = self.settings["index_topk"]
         self.dcp_world = self.settings["dcp_world"]
         self.dcp_rank = self.settings["dcp_rank"]
         self.arch = LIB.kw_ops_arch(handle).decode()
+
+    def table_width(self):
+        """The block-table width vLLM allocates for this deployment
+        (kw_launch_table_width: spec section 4.3), for index_conversion's
+        block_table argument."""
+        return int(LIB.kw_launch_table_width(self._deploy))
 
     def _error(self):
         buf = ctypes.create_string_buffer(1024)
