@@ -6,24 +6,10 @@
 #include "internal.h"
 #include "kw_err.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return rc;
-}
 
 /* ---- fetching one key ------------------------------------------------- */
 
@@ -38,12 +24,12 @@ static int load_kernel(kw_ops *o, kw_client_kernel *k, int fam,
     e->cubin_len = k->len;
     snprintf(e->digest, sizeof(e->digest), "%s", k->digest);
     if (!o->cuda)
-        return k->len > 0 ? 0 : fail(err, errlen, KW_EPROTO, "empty cubin");
+        return k->len > 0 ? 0 : kw_err_fmt(err, errlen, KW_EPROTO, "empty cubin");
     int rc = kw_cuda_load(o->cuda, k->cubin, k->len, k->entry, &e->fn);
     if (rc < 0) {
         char why[256];
         kw_cuda_last_error_copy(o->cuda, why, sizeof(why));
-        return fail(err, errlen, rc, "loading %.16s: %s", k->digest, why);
+        return kw_err_fmt(err, errlen, rc, "loading %.16s: %s", k->digest, why);
     }
     return 0;
 }
@@ -53,12 +39,12 @@ int kw__ops_fetch(kw_ops *o, int fam, const int64_t *fields, bool compile,
 {
     char json[512];
     if (kw__ops_fields_json(fam, fields, json, sizeof(json)) < 0)
-        return fail(err, errlen, KW_ENOSPC, "key fields too long");
+        return kw_err_fmt(err, errlen, KW_ENOSPC, "key fields too long");
     kw_client_kernel k = {0};
     int rc = kw_client_get_key_as_miss(o->client, kw_launch_family_name(fam),
                                        json, o->arch, compile, "runtime", &k);
     if (rc < 0)
-        return fail(err, errlen, rc, "kwarmd: %s",
+        return kw_err_fmt(err, errlen, rc, "kwarmd: %s",
                     kw_client_last_error(o->client));
     rc = load_kernel(o, &k, fam, fields, e, err, errlen);
     kw_client_kernel_destroy(&k);
@@ -106,7 +92,7 @@ static int deployment_text(const kw_ops_opts *opts, const char *arch,
     cJSON *d = cJSON_Parse(src);
     if (!cJSON_IsObject(d)) {
         cJSON_Delete(d);
-        return fail(err, errlen, KW_EJSON,
+        return kw_err_fmt(err, errlen, KW_EJSON,
                     "deployment: not a JSON object");
     }
     int rc = 0;
@@ -114,15 +100,15 @@ static int deployment_text(const kw_ops_opts *opts, const char *arch,
     const cJSON *r = cJSON_GetObjectItemCaseSensitive(d, "dcp_rank");
     const cJSON *a = cJSON_GetObjectItemCaseSensitive(d, "arch");
     if (cJSON_IsNumber(w) && w->valuedouble > 1 && !cJSON_IsNumber(r))
-        rc = fail(err, errlen, KW_EINVAL,
+        rc = kw_err_fmt(err, errlen, KW_EINVAL,
                   "deployment dcp_rank: a serving process is one rank of "
                   "dcp_world %g: set dcp_rank to one of 0..%g",
                   w->valuedouble, w->valuedouble - 1);
     else if (a && !cJSON_IsString(a))
-        rc = fail(err, errlen, KW_EINVAL,
+        rc = kw_err_fmt(err, errlen, KW_EINVAL,
                   "deployment arch: must be a string such as \"sm_90\"");
     else if (a && !list_has(a->valuestring, arch))
-        rc = fail(err, errlen, KW_EINVAL,
+        rc = kw_err_fmt(err, errlen, KW_EINVAL,
                   "deployment arch: \"%s\" does not list this device's %s",
                   a->valuestring, arch);
     else if (!a && !cJSON_AddStringToObject(d, "arch", arch))
@@ -180,7 +166,7 @@ static int fill_deploy(kw_launch_deploy *d, const cJSON *doc, char *err,
     const cJSON *s = cJSON_GetObjectItemCaseSensitive(doc, "settings");
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(doc, "deployment");
     if (!cJSON_IsObject(s) || !cJSON_IsObject(p))
-        return fail(err, errlen, KW_EPROTO,
+        return kw_err_fmt(err, errlen, KW_EPROTO,
                     "kwarmd's keys document has no settings or deployment");
     memset(d, 0, sizeof(*d));
     d->index_topk = num(s, "index_topk", 0);
@@ -197,7 +183,7 @@ static int fill_deploy(kw_launch_deploy *d, const cJSON *doc, char *err,
     d->max_model_len = num(p, "max_model_len", 0);
     d->num_speculative_tokens = num(p, "num_speculative_tokens", 0);
     if (fill_ratios(d, s) < 0)
-        return fail(err, errlen, KW_E2BIG,
+        return kw_err_fmt(err, errlen, KW_E2BIG,
                     "model: more than %d distinct compress ratios",
                     KW_LAUNCH_MAX_RATIOS);
     return kw_launch_deploy_check(d, err, errlen);
@@ -207,10 +193,10 @@ int kw_ops_deploy_from_keys(const char *keys_json, kw_launch_deploy *d,
                             char *err, size_t errlen)
 {
     if (!keys_json || !d)
-        return fail(err, errlen, KW_EINVAL, "NULL argument");
+        return kw_err_fmt(err, errlen, KW_EINVAL, "NULL argument");
     cJSON *doc = cJSON_Parse(keys_json);
     if (!doc)
-        return fail(err, errlen, KW_EPROTO, "keys document: not JSON");
+        return kw_err_fmt(err, errlen, KW_EPROTO, "keys document: not JSON");
     int rc = fill_deploy(d, doc, err, errlen);
     cJSON_Delete(doc);
     return rc;
@@ -256,7 +242,7 @@ static int load_keys(kw_ops *o, const cJSON *doc, size_t *missing,
         int fam;
         int64_t fields[KW_LAUNCH_MAX_FIELDS] = {0};
         if (!arch || !digest || key_fields(key, &fam, fields) < 0)
-            return fail(err, errlen, KW_EPROTO,
+            return kw_err_fmt(err, errlen, KW_EPROTO,
                         "kwarmd's keys document has a malformed key");
         if (strcmp(arch, o->arch) != 0 ||
             kw__ops_find_locked(o, fam, fields))
@@ -265,12 +251,12 @@ static int load_keys(kw_ops *o, const cJSON *doc, size_t *missing,
         int rc = kw_client_get(o->client, digest, false, &k);
         if (rc == KW_ENOTFOUND) {
             if ((*missing)++ == 0)
-                fail(err, errlen, rc, "%s %.16s is not in kwarmd's cache",
+                kw_err_fmt(err, errlen, rc, "%s %.16s is not in kwarmd's cache",
                      kw_launch_family_name(fam), digest);
             continue;
         }
         if (rc < 0)
-            return fail(err, errlen, rc, "fetching %s %.16s: %s",
+            return kw_err_fmt(err, errlen, rc, "fetching %s %.16s: %s",
                         kw_launch_family_name(fam), digest,
                         kw_client_last_error(o->client));
         kw__ops_entry e;
@@ -296,7 +282,7 @@ static int warmup_failed(const char *result, char *err, size_t errlen)
         const char *st = cJSON_GetStringValue(
             cJSON_GetObjectItemCaseSensitive(m, "status"));
         if (st && (strcmp(st, "failed") == 0 || strcmp(st, "cancelled") == 0)) {
-            rc = fail(err, errlen, KW_ENVRTC,
+            rc = kw_err_fmt(err, errlen, KW_ENVRTC,
                       "warmup: %lld keys failed, %lld cancelled; first: %s "
                       "%.16s: %s",
                       (long long)failed, (long long)cancelled,
@@ -312,7 +298,7 @@ static int warmup_failed(const char *result, char *err, size_t errlen)
         }
     }
     if (rc == 0 && (failed || cancelled))
-        rc = fail(err, errlen, KW_ENVRTC, "warmup: %lld keys failed",
+        rc = kw_err_fmt(err, errlen, KW_ENVRTC, "warmup: %lld keys failed",
                   (long long)(failed + cancelled));
     cJSON_Delete(r);
     return rc;
@@ -326,7 +312,7 @@ static int warm(kw_ops *o, const kw_ops_opts *opts, const char *dep,
     int rc = kw_client_warmup(o->client, opts->config_json, dep, opts->name,
                               NULL, NULL, &text);
     if (rc < 0)
-        return fail(err, errlen, rc, "warmup: %s",
+        return kw_err_fmt(err, errlen, rc, "warmup: %s",
                     kw_client_last_error(o->client));
     rc = warmup_failed(text, err, errlen);
     free(text);
@@ -343,12 +329,12 @@ static int load_all(kw_ops *o, const kw_ops_opts *opts, const char *dep,
     int rc = kw_client_keys(o->client, opts->config_json, dep, opts->name,
                             &text);
     if (rc < 0)
-        return fail(err, errlen, rc, "keys: %s",
+        return kw_err_fmt(err, errlen, rc, "keys: %s",
                     kw_client_last_error(o->client));
     cJSON *doc = cJSON_Parse(text);
     free(text);
     if (!doc)
-        return fail(err, errlen, KW_EPROTO, "kwarmd's keys: not JSON");
+        return kw_err_fmt(err, errlen, KW_EPROTO, "kwarmd's keys: not JSON");
     size_t missing = 0;
     if ((rc = fill_deploy(&o->deploy, doc, err, errlen)) == 0 &&
         (rc = load_keys(o, doc, &missing, err, errlen)) == 0 && missing &&
@@ -367,7 +353,7 @@ static int pick_arch(kw_ops *o, const kw_ops_opts *opts, char *err,
     int major = 0, minor = 0, sms = 0;
     if (o->cuda && kw_cuda_device_info(o->cuda, NULL, 0, &major, &minor,
                                        &sms) < 0)
-        return fail(err, errlen, KW_ECUDA, "cuda: %s",
+        return kw_err_fmt(err, errlen, KW_ECUDA, "cuda: %s",
                     kw_cuda_last_error(o->cuda));
     o->sm_count = sms > 0 ? (unsigned)sms : 0;
     if (opts->arch)
@@ -380,15 +366,15 @@ static int pick_arch(kw_ops *o, const kw_ops_opts *opts, char *err,
 static int check_opts(const kw_ops_opts *opts, char *err, size_t errlen)
 {
     if (!opts || !opts->config_json)
-        return fail(err, errlen, KW_EINVAL, "kw_ops_load: no config_json");
+        return kw_err_fmt(err, errlen, KW_EINVAL, "kw_ops_load: no config_json");
     if (!opts->cuda && (!opts->device || !opts->device->launch))
-        return fail(err, errlen, KW_EINVAL,
+        return kw_err_fmt(err, errlen, KW_EINVAL,
                     "kw_ops_load: neither cuda nor a stand-in device");
     if (!opts->cuda && !opts->arch)
-        return fail(err, errlen, KW_EINVAL,
+        return kw_err_fmt(err, errlen, KW_EINVAL,
                     "kw_ops_load: arch is required without a CUDA device");
     if (opts->arch && strlen(opts->arch) >= 16)
-        return fail(err, errlen, KW_EINVAL, "kw_ops_load: arch too long");
+        return kw_err_fmt(err, errlen, KW_EINVAL, "kw_ops_load: arch too long");
     return 0;
 }
 
@@ -397,12 +383,12 @@ int kw_ops_load(kw_ops **out, const kw_ops_opts *opts, char *err,
 {
     double t0 = kw__ops_now_ms();
     int rc = out ? check_opts(opts, err, errlen)
-                 : fail(err, errlen, KW_EINVAL, "kw_ops_load: NULL out");
+                 : kw_err_fmt(err, errlen, KW_EINVAL, "kw_ops_load: NULL out");
     if (rc < 0)
         return rc;
     kw_ops *o = calloc(1, sizeof(*o));
     if (!o)
-        return fail(err, errlen, KW_ENOMEM, "out of memory");
+        return kw_err_fmt(err, errlen, KW_ENOMEM, "out of memory");
     pthread_mutex_init(&o->lock, NULL);
     pthread_mutex_init(&o->miss_lock, NULL);
     o->cuda = opts->cuda;

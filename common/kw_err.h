@@ -31,6 +31,8 @@
     XX(EPINNED, -1021, "pinned entries not removed")                      \
     XX(ECAPTURE, -1022, "kernel not loaded while its stream captures a CUDA graph")
 
+#include <stddef.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -46,6 +48,15 @@ const char *kw_strerror(int err);
 
 /* Returns the code's symbolic name ("KW_ENVRTC", "ENOENT"); never NULL. */
 const char *kw_err_name(int err);
+
+/* Formats a message into err (errlen bytes; nothing when err is NULL or
+ * errlen 0) and returns rc: `return kw_err_fmt(err, n, KW_EINVAL, ...)`
+ * for the functions that report both a code and a message. */
+int kw_err_fmt(char *err, size_t errlen, int rc, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 4, 5)))
+#endif
+    ;
 
 #ifdef __cplusplus
 }

@@ -2,6 +2,7 @@
 #ifndef KW_LAUNCH_INTERNAL_H
 #define KW_LAUNCH_INTERNAL_H
 
+#include "kw_err.h"
 #include "kw_launch.h"
 
 /* Per-op parts of the contract; a is the call's argument array, f the
@@ -59,8 +60,8 @@ void kw__launch_grid_paged(const int64_t *f, const int64_t *a, unsigned sm,
 
 /* Writes the message into err (errlen bytes; err may be NULL) and returns
  * KW_EINVAL. */
-int kw__launch_fail(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+#define kw__launch_fail(err, errlen, ...) \
+    kw_err_fmt((err), (errlen), KW_EINVAL, __VA_ARGS__)
 
 /* Appends a 64-bit pointer / a 32-bit int parameter to p. */
 void kw__launch_ptr(kw_launch_params *p, int64_t v);

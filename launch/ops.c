@@ -5,7 +5,6 @@
 #include "internal.h"
 #include "kw_err.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -142,17 +141,6 @@ int kw_launch_arg_index(kw_launch_op op, const char *name)
         if (strcmp(o->args[i].name, name) == 0)
             return (int)i;
     return -1;
-}
-
-int kw__launch_fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return KW_EINVAL;
 }
 
 /* Sizes the kernel takes as int: within [lo, INT32_MAX]; flags 0 or 1. */
