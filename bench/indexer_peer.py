@@ -134,18 +134,30 @@ def graphed(fn, calls=20):
     return g.replay
 
 
-def prefill_case(a, kern, dg, S, SK, H, cp, res):
-    g = torch.Generator(device="cuda").manual_seed(S + SK + H + cp)
+def prefill_data(S, SK, H, cp, seed):
+    """One prefill shape's inputs (fp8 q [S, H, D] and k [SK, D], weights,
+    row scales, windows) and its FLOPs."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
     q = ib.fp8((S, H, D), g)
     k = ib.fp8((SK, D), g)
     w = torch.randn(S, H, generator=g, device="cuda") / H
     ksc = torch.rand(SK, generator=g, device="cuda") + 0.5
     ks, ke = windows(S, SK, cp)
-    flops = 2.0 * H * D * float((ke - ks).sum().item())
-    out = torch.empty(S, SK, device="cuda")
+    return q, k, w, ksc, ks, ke, 2.0 * H * D * float((ke - ks).sum().item())
+
+
+def kwarm_prefill(kern, q, k, w, ksc, ks, ke, out):
+    """A launch of kwarm's prefill cubin on these inputs, into out."""
+    S, SK = q.shape[0], k.shape[0]
     qb = kern.meta["queries"]
     args = [q.view(torch.uint8), w, k.view(torch.uint8), ksc, ks, ke, S, SK, SK, out]
-    kw = lambda: kern(((S + qb - 1) // qb,), args)  # noqa: E731
+    return lambda: kern(((S + qb - 1) // qb,), args)
+
+
+def prefill_case(a, kern, dg, S, SK, H, cp, res):
+    q, k, w, ksc, ks, ke, flops = prefill_data(S, SK, H, cp, S + SK + H + cp)
+    out = torch.empty(S, SK, device="cuda")
+    kw = kwarm_prefill(kern, q, k, w, ksc, ks, ke, out)
     dgf = dg.prefill(q, k, ksc, w, ks, ke)
     rows = sorted({0, S // 2 - 1, S // 2, S - 1})
     kw()
@@ -283,8 +295,7 @@ def topk(a, kern, res, prefill_kern):
     ksc = torch.rand(SK, generator=g, device="cuda") + 0.5
     ks, ke = windows(S, SK, False)
     x = torch.empty(S, SK, device="cuda")
-    qb = prefill_kern.meta["queries"]
-    prefill_kern(((S + qb - 1) // qb,), [q.view(torch.uint8), w, k.view(torch.uint8), ksc, ks, ke, S, SK, SK, x])
+    kwarm_prefill(prefill_kern, q, k, w, ksc, ks, ke, x)()
     x = x.masked_fill(x == float("-inf"), 0.0)   # rows end at ke: the kernel reads no further
     topk_rows(a, kern, x, ke, "indexer_logits", res, replays=3)
     # ReLU plateaus: most of each row exactly 0.0, the rest positive.
@@ -295,21 +306,13 @@ def topk(a, kern, res, prefill_kern):
 def variants(a, dirs, res):
     """Prefill of each DIR (kernel experiments) at 4096 x 65536, H 64,
     causal, on the same data, alternating rounds, each sustained."""
-    S, SK, H = 4096, 65536, 64
-    g = torch.Generator(device="cuda").manual_seed(5)
-    q = ib.fp8((S, H, D), g)
-    k = ib.fp8((SK, D), g)
-    w = torch.randn(S, H, generator=g, device="cuda") / H
-    ksc = torch.rand(SK, generator=g, device="cuda") + 0.5
-    ks, ke = windows(S, SK, False)
-    flops = 2.0 * H * D * float((ke - ks).sum().item())
+    S, SK = 4096, 65536
+    q, k, w, ksc, ks, ke, flops = prefill_data(S, SK, 64, False, 5)
     out = torch.empty(S, SK, device="cuda")
     fns, times = {}, {}
     for d in dirs:
         kern = ib.Kernel(d, "logits_prefill", json.load(open(f"{d}/kernels.json")))
-        qb = kern.meta["queries"]
-        args = [q.view(torch.uint8), w, k.view(torch.uint8), ksc, ks, ke, S, SK, SK, out]
-        fns[d] = (lambda kern=kern, qb=qb, args=args: kern(((S + qb - 1) // qb,), args))
+        fns[d] = kwarm_prefill(kern, q, k, w, ksc, ks, ke, out)
         out.fill_(1.0)
         fns[d]()
         bad = check(out, q, k, ksc, w, ks, ke, [0, 1, 2047, 4095])
@@ -331,12 +334,7 @@ def jit_child():
     an empty cache) against its second."""
     import time
     dg = DeepGEMM()
-    S, SK, H = 4096, 65536, 64
-    g = torch.Generator(device="cuda").manual_seed(1)
-    q, k = ib.fp8((S, H, D), g), ib.fp8((SK, D), g)
-    w = torch.randn(S, H, generator=g, device="cuda")
-    ksc = torch.rand(SK, generator=g, device="cuda")
-    ks, ke = windows(S, SK, False)
+    q, k, w, ksc, ks, ke, _ = prefill_data(4096, 65536, 64, False, 1)
     f = dg.prefill(q, k, ksc, w, ks, ke)
     torch.cuda.synchronize()
     out = {}
@@ -352,15 +350,9 @@ def profile_once(a, meta):
     """One prefill call of each, for Nsight Compute."""
     dg = DeepGEMM()
     kern = ib.Kernel(a.dir, "logits_prefill", meta)
-    S, SK, H = 4096, 65536, 64
-    g = torch.Generator(device="cuda").manual_seed(1)
-    q, k = ib.fp8((S, H, D), g), ib.fp8((SK, D), g)
-    w = torch.randn(S, H, generator=g, device="cuda")
-    ksc = torch.rand(SK, generator=g, device="cuda")
-    ks, ke = windows(S, SK, False)
-    out = torch.empty(S, SK, device="cuda")
-    qb = kern.meta["queries"]
-    kern(((S + qb - 1) // qb,), [q.view(torch.uint8), w, k.view(torch.uint8), ksc, ks, ke, S, SK, SK, out])
+    q, k, w, ksc, ks, ke, _ = prefill_data(4096, 65536, 64, False, 1)
+    out = torch.empty(4096, 65536, device="cuda")
+    kwarm_prefill(kern, q, k, w, ksc, ks, ke, out)()
     dg.prefill(q, k, ksc, w, ks, ke)()
     torch.cuda.synchronize()
 
