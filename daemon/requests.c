@@ -199,7 +199,7 @@ static bool add_numbers(cJSON *h, const char *const *names, const uint64_t *v,
     return ok;
 }
 
-#define NSTATS 33
+#define NSTATS 35
 
 /* Every counter of `stats` (README.md says what each means): the cache's,
  * the loop's (as of the request), the warm pipeline's, the fleet tier's. */
@@ -217,7 +217,8 @@ static size_t collect_stats(const kw__req *r, const kw_cache_stats *st,
         "cancelled", "compiles_queued", "compiles_inflight", "warm_jobs_active",
         "compiles_started", "remote_fetches", "remote_misses", "remote_errors",
         "remote_refused", "remote_puts", "held_reads", "held_read_timeouts",
-        "held_reads_copied"};
+        "held_reads_copied", "remote_writebacks_queued",
+        "remote_writebacks_dropped"};
     /* compiles_started: flights that reached a worker. */
     uint64_t started = ws.compiles + ws.compile_failures + ws.store_failures +
                        ws.compiling;
@@ -229,7 +230,8 @@ static size_t collect_stats(const kw__req *r, const kw_cache_stats *st,
         ws.remote_hits, ws.store_failures, ws.cancelled, ws.queued,
         ws.compiling, ws.jobs_active, started, rs.hits, rs.misses, rs.errors,
         rs.refused, rs.puts, atomic_load(&r->d->nheld),
-        atomic_load(&r->d->held_expired), atomic_load(&r->d->held_copied)};
+        atomic_load(&r->d->held_expired), atomic_load(&r->d->held_copied),
+        ws.writebacks_queued, ws.writebacks_dropped};
     memcpy(names, n, sizeof n);
     memcpy(v, val, sizeof val);
     return NSTATS;

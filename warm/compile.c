@@ -179,12 +179,13 @@ static bool run_flight(kw_warm *w, flight *f, outcome *out)
         out->log = r.log;
         r.log = NULL;
     }
-    if (remote != NULL)
-        kw_remote_end(remote, &lease, &info,
-                      out->status == KW_WARM_COMPILED ? r.cubin : NULL,
-                      out->status == KW_WARM_COMPILED ? r.cubin_len : 0);
+    /* The write-back and the lease's release go to the write-back
+     * thread, after the local put for a compiled key: Redis never holds
+     * up this thread or the key's waiters (issue 23). */
     if (rc == 0)
-        kw__warm_store_push(w, f, &r, &info); /* the store stage finishes f */
+        kw__warm_store_push(w, f, &r, &info, remote ? &lease : NULL);
+    else if (remote != NULL)
+        kw__warm_writeback_push(w, &lease, NULL, NULL, 0);
     kw__pool_result_destroy(&r);
     return rc == 0;
 }

@@ -8,6 +8,7 @@
 #include <stdio.h>
 
 #include "kw_queue.h"
+#include "kw_remote.h"
 #include "kw_warm.h"
 #include "pool.h"
 
@@ -49,7 +50,8 @@ struct kw_warm_job {
 
 typedef struct warm_counters {
     _Atomic uint64_t keys, hits, misses, joined, remote_hits, compiles,
-        compile_failures, store_failures, cancelled, compiling;
+        compile_failures, store_failures, cancelled, compiling,
+        writebacks_dropped;
     /* by family (kw_warm_stats says what each means) */
     _Atomic uint64_t fam_compiles[KW_K_NFAMILIES], fam_failures[KW_K_NFAMILIES],
         fam_remote_hits[KW_K_NFAMILIES];
@@ -87,6 +89,16 @@ struct kw_warm {
     bool store_stop;
     pthread_t store_thread;
     bool have_store;
+    /* The write-back stage (writeback.c).  wb_mu guards wb_q, wb_n,
+     * wb_bytes, wb_items, wb_stop. */
+    pthread_mutex_t wb_mu;
+    pthread_cond_t wb_cv;
+    kw_queue wb_q;     /* of wb_item, by node */
+    size_t wb_n, wb_bytes; /* entries with a cubin queued, and its bytes */
+    size_t wb_items;       /* items queued or being written */
+    bool wb_stop;
+    pthread_t wb_thread;
+    bool have_wb;
     warm_counters st;
 };
 
@@ -125,7 +137,21 @@ void kw__warm_finish(kw_warm *w, flight *f, bool in_table, const outcome *o);
  * commit, so one LMDB transaction (one fsync) stores every result ready
  * at that moment, up to opts.store_batch.  push takes r's cubin and log. */
 void kw__warm_store_push(kw_warm *w, flight *f, kw__pool_result *r,
-                         const kw_cache_info *info);
+                         const kw_cache_info *info,
+                         const kw_remote_lease *lease);
 void *kw__warm_store_main(void *arg);
+
+/* The write-back stage (writeback.c): push queues the write-back of a
+ * compiled entry (*cubin of len bytes, taken when it fits the queue's
+ * bound, else left to the caller and counted in writebacks_dropped;
+ * cubin NULL: none) and the release of lease (when held), for the
+ * write-back thread, so that Redis never blocks a compile, a store or a
+ * result.  Never waits on Redis; any warm thread.  stop drains the
+ * queue, then joins the thread. */
+void kw__warm_writeback_push(kw_warm *w, const kw_remote_lease *lease,
+                             const kw_cache_info *info, void **cubin,
+                             size_t len);
+void *kw__warm_writeback_main(void *arg);
+void kw__warm_writeback_stop(kw_warm *w);
 
 #endif /* KW_WARM_INTERNAL_H */

@@ -121,10 +121,14 @@ typedef struct kw_warm_stats {
     uint64_t compiles;        /* flights compiled and stored */
     uint64_t compile_failures;/* flights whose compile failed */
     uint64_t store_failures;  /* compiled, but the put failed */
+    uint64_t writebacks_dropped; /* compiled, not written back to the
+                                    fleet: the write-back queue was full */
     uint64_t cancelled;       /* keys reported cancelled */
     uint64_t queued;          /* gauge: flights waiting for a worker */
     uint64_t compiling;       /* gauge: flights on a worker now */
     uint64_t jobs_active;     /* gauge: jobs with results still to come */
+    uint64_t writebacks_queued; /* gauge: fleet write-backs and lease
+                                   releases not yet done */
     /* Per family (kw_k_family): flights compiled and stored, compile
      * failures, fleet hits; each sums to compiles, compile_failures,
      * remote_hits. */

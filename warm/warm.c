@@ -336,6 +336,8 @@ static void warm_free(kw_warm *w)
     pthread_cond_destroy(&w->idle_cv);
     pthread_mutex_destroy(&w->store_mu);
     pthread_cond_destroy(&w->store_cv);
+    pthread_mutex_destroy(&w->wb_mu);
+    pthread_cond_destroy(&w->wb_cv);
     free(w);
 }
 
@@ -348,6 +350,11 @@ static int start_threads(kw_warm *w)
     if (pthread_create(&w->store_thread, NULL, kw__warm_store_main, w) != 0)
         return KW_ENOMEM;
     w->have_store = true;
+    if (w->o.remote != NULL) {
+        if (pthread_create(&w->wb_thread, NULL, kw__warm_writeback_main, w) != 0)
+            return KW_ENOMEM;
+        w->have_wb = true;
+    }
     for (; w->ncompilers < w->o.jobs; w->ncompilers++)
         if (pthread_create(&w->compilers[w->ncompilers], NULL,
                            kw__warm_compile_main, w) != 0)
@@ -372,6 +379,8 @@ int kw_warm_open(kw_warm **out, const kw_warm_opts *o, char *err,
     pthread_cond_init(&w->idle_cv, NULL);
     pthread_mutex_init(&w->store_mu, NULL);
     pthread_cond_init(&w->store_cv, NULL);
+    pthread_mutex_init(&w->wb_mu, NULL);
+    pthread_cond_init(&w->wb_cv, NULL);
     kw__pool_opts po = {.helper = o->helper, .jobs = w->o.jobs,
                         .timeout_ms = o->compile_timeout_ms,
                         .mem_limit = o->mem_limit};
@@ -415,6 +424,7 @@ void kw_warm_stats_get(kw_warm *w, kw_warm_stats *s)
     s->compiles = atomic_load(&w->st.compiles);
     s->compile_failures = atomic_load(&w->st.compile_failures);
     s->store_failures = atomic_load(&w->st.store_failures);
+    s->writebacks_dropped = atomic_load(&w->st.writebacks_dropped);
     s->cancelled = atomic_load(&w->st.cancelled);
     s->compiling = atomic_load(&w->st.compiling);
     for (size_t f = 0; f < KW_K_NFAMILIES; f++) {
@@ -429,6 +439,9 @@ void kw_warm_stats_get(kw_warm *w, kw_warm_stats *s)
     s->queued = w->nqueued;
     s->jobs_active = w->jobs_active;
     pthread_mutex_unlock(&w->mu);
+    pthread_mutex_lock(&w->wb_mu);
+    s->writebacks_queued = w->wb_items;
+    pthread_mutex_unlock(&w->wb_mu);
 }
 
 void kw_warm_close(kw_warm *w)
@@ -448,6 +461,9 @@ void kw_warm_close(kw_warm *w)
     pthread_mutex_unlock(&w->store_mu);
     if (w->have_store)
         pthread_join(w->store_thread, NULL);
+    /* The store stage queued its last write-backs: they are written (each
+     * Redis call bounded by its timeout), then the thread leaves. */
+    kw__warm_writeback_stop(w);
     /* Every job got its last callback: the intake reported its keys, the
      * compile threads drained their queue, the store stage its own. */
     warm_free(w);
