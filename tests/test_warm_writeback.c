@@ -320,41 +320,39 @@ Test(warm_writeback, a_stalled_write_back_blocks_no_result_and_no_compile)
     fake_stop(&f);
 }
 
-/* The queue holds at most 1024 entries: with Redis stalled, 1024 wait
- * and every later one is dropped, counted; its lease release still
- * queues. */
-Test(warm_writeback, the_queue_caps_entries_at_1024)
+/* Compiles n keys of cubin_size bytes while Redis stalls on writes, and
+ * checks what the write-back queue took: dropped entries, items waiting
+ * (entries and lease releases), and the SETs done once Redis answers. */
+static void fill_stalled(const char *cubin_size, size_t n, uint64_t dropped,
+                         int sets)
 {
     fake f;
     rig r;
     fake_start(&f);
     f.hold = true;
-    rig_up(&r, &f, "1");
-    cr_expect_eq(run_job(&r, 0, 1030, 60000), 1030);
+    rig_up(&r, &f, cubin_size);
+    cr_expect_eq(run_job(&r, 0, n, 60000), (long)n);
     kw_warm_stats st = stats_of(&r);
-    cr_expect_eq(st.writebacks_dropped, 6, "1030 compiled, 1024 fit");
-    cr_expect_eq(st.writebacks_queued, 1030, "the dropped ones' leases wait");
+    cr_expect_eq(st.writebacks_dropped, dropped, "dropped %llu",
+                 (unsigned long long)st.writebacks_dropped);
+    cr_expect_eq(st.writebacks_queued, n, "a dropped entry's lease waits too");
     fake_release(&f);
     rig_down(&r);
-    cr_expect_eq(f.sets_done, 1024);
+    cr_expect_eq(f.sets_done, sets);
     fake_stop(&f);
+}
+
+/* The queue holds at most 1024 entries: with Redis stalled, 1024 wait
+ * and every later one is dropped, counted; its lease release still
+ * queues. */
+Test(warm_writeback, the_queue_caps_entries_at_1024)
+{
+    fill_stalled("1", 1030, 6, 1024);
 }
 
 /* ... and at most 64 MiB of cubins: four of 16 MiB fit, the fifth does
  * not. */
 Test(warm_writeback, the_queue_caps_bytes_at_64_mib)
 {
-    fake f;
-    rig r;
-    fake_start(&f);
-    f.hold = true;
-    rig_up(&r, &f, "16777216");
-    cr_expect_eq(run_job(&r, 0, 5, 60000), 5);
-    kw_warm_stats st = stats_of(&r);
-    cr_expect_eq(st.writebacks_dropped, 1, "4 x 16 MiB fit in 64 MiB");
-    cr_expect_eq(st.writebacks_queued, 5);
-    fake_release(&f);
-    rig_down(&r);
-    cr_expect_eq(f.sets_done, 4);
-    fake_stop(&f);
+    fill_stalled("16777216", 5, 1, 4);
 }
