@@ -5,7 +5,7 @@
  * with {"count", "bytes"}; evict by criteria streams the removed entries
  * the same way.  A read-only cache answers the writes with KW_EROFS.
  */
-#include "internal.h"
+#include "handlers.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,5 +1,5 @@
 /* daemon.c: kwarmd's life cycle: start, serve, stop on a signal. */
-#include "internal.h"
+#include "loops.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -17,6 +17,7 @@
 #include "kw_alloc.h"
 #include "kw_err.h"
 #include "log.h"
+#include "metrics.h"
 
 void kw_daemon_opts_init(kw_daemon_opts *o)
 {
@@ -336,6 +337,7 @@ int kw_daemon_run(const kw_daemon_opts *o, char *err, size_t errlen)
     snprintf(d.version, sizeof d.version, "%s", KW_VERSION);
     d.test_peercred_fail = getenv("KWARMD_TEST_PEERCRED_FAIL") != NULL;
     kw__alloc_hook_init();
+    kw__daemon_upcalls(&d); /* before anything can call up */
     init_alloc_test_hook(&d);
     /* Blocks of 1 MiB and more (a derivation's key arrays, grown by
      * realloc) are mapped on their own and unmapped when freed: with

@@ -8,6 +8,8 @@
  * (epoll, not select: kwarmd's fds go past FD_SETSIZE with many clients);
  * its handler only reads atomics and calls thread-safe stats functions.
  */
+#include "metrics.h"
+
 #include "internal.h"
 
 #include <arpa/inet.h>

@@ -8,7 +8,7 @@
  * {"misses": [...]} of up to KW__STREAM_KEYS, then RESULT {"count",
  * "since"}.
  */
-#include "internal.h"
+#include "handlers.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -5,7 +5,7 @@
  * document of `kwarm keys --json` and "count"; the client puts the keys
  * back in (kw_client_keys), so no reply is refused for its size.
  */
-#include "internal.h"
+#include "handlers.h"
 
 #include <errno.h>
 #include <malloc.h>
@@ -15,6 +15,7 @@
 #include "kw_alloc.h"
 #include "kw_err.h"
 #include "log.h"
+#include "metrics.h"
 
 static int req_keys(const cJSON *h, kw_config_model *m, kw_config_deploy *d,
                     kw_keys_set *set, char *err, size_t errlen)

@@ -14,7 +14,7 @@
  * the streamed results back into one "manifest", in key order ("index":
  * the key's place in the deployment's keys, as `kwarm keys` lists them).
  */
-#include "internal.h"
+#include "handlers.h"
 
 #include <errno.h>
 #include <string.h>
