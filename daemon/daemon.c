@@ -242,7 +242,11 @@ static int start(kw__daemon *d, char *err, size_t errlen)
     int rc = open_remote(d, err, errlen);
     if (rc == 0)
         rc = kw_cache_open(&d->cache, &co, err, errlen);
+    /* daemon.c owns the cache handle: it opens, flushes and closes it
+     * here; requests reach it through warm/, but for the zero-copy hit
+     * path (dispatch.c, server.c). */
     bool ro = rc == 0 && kw_cache_is_read_only(d->cache);
+    d->read_only = ro;
     if (ro) /* serves hits, compiles nothing; kwarmd writes nothing there */
         KW_LOG(KW_LOG_INFO, "cache %s is read-only%s: hits are served, a miss "
                "is answered \"not cached (read-only cache)\"", o->cache_dir,

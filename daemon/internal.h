@@ -198,7 +198,8 @@ typedef struct kw__daemon {
     uv_async_t loop_done; /* a serving loop ended (after a stop) */
     pthread_mutex_t done_mu; /* guards nloops_done, and loop_done's closing */
     unsigned nloops_done;
-    kw_cache *cache;
+    kw_cache *cache;    /* opened and closed by daemon.c, its owner */
+    bool read_only;     /* the cache opened read-only (set before serving) */
     kw_remote *remote; /* fleet tier, or NULL; thread-safe itself */
     kw_warm *warm;     /* the warm pipeline; thread-safe itself */
     kw__audit audit;   /* gets that missed; thread-safe itself */

@@ -5,36 +5,20 @@
 #include <stdio.h>
 #include <string.h>
 
-#include <sodium.h>
-
 #include "kw_err.h"
 
-/* A digest of 64 hex digits, or a unique prefix of at least 8 of a cached
- * one (as git takes them): 0, or a code with the candidates or the rule
- * in err. */
+/* A get's digest: kw_warm_digest, its message prefixed "get: ", with
+ * what to do instead when no cached digest starts so. */
 static int get_digest(kw_cache *c, const char *hex, uint8_t *out, char *err,
                       size_t errlen)
 {
-    size_t n = 0, len = strlen(hex);
-    if (len == 64 && sodium_hex2bin(out, KW_KEYS_DIGEST_LEN, hex, 64, NULL, &n,
-                                    NULL) == 0 && n == KW_KEYS_DIGEST_LEN)
-        return 0;
-    char cand[600] = "";
-    int rc = len >= 8 && len < 64 ? kw_cache_find_prefix(c, hex, out, cand,
-                                                          sizeof cand)
-                                  : KW_EINVAL;
-    for (char *p = cand; (p = strchr(p, '\n')) != NULL;)
-        *p = ' '; /* one line: a client prints no control characters */
-    if (rc == KW_EAMBIGUOUS)
-        snprintf(err, errlen, "get: digest %.64s: ambiguous prefix, it starts: %s",
-                 hex, cand);
-    else if (rc == KW_ENOTFOUND)
-        snprintf(err, errlen, "get: digest %.64s: no cached digest starts so "
-                 "(a digest cannot be compiled: give family, fields and arch)",
-                 hex);
+    char why[700];
+    int rc = kw_warm_digest(c, hex, out, why, sizeof why);
+    if (rc == KW_ENOTFOUND)
+        snprintf(err, errlen, "get: %s (a digest cannot be compiled: give "
+                 "family, fields and arch)", why);
     else if (rc < 0)
-        snprintf(err, errlen, "get: \"digest\" must be 64 hex digits, or a "
-                 "prefix of 8 or more");
+        snprintf(err, errlen, "get: %s", why);
     return rc;
 }
 

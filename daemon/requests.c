@@ -250,7 +250,7 @@ void kw__run_stats(kw__req *r)
     kw_remote_stats rs = {0}; /* fleet tier: zeros without one */
     const char *names[NSTATS];
     uint64_t v[NSTATS];
-    int rc = kw_cache_stats_get(r->d->cache, &st);
+    int rc = kw_warm_cache_stats(r->d->warm, &st);
     if (rc < 0) {
         kw__req_error(r, rc, NULL);
         return;
@@ -281,12 +281,12 @@ void kw__run_evict(kw__req *r)
         return;
     }
     uint8_t digest[KW_KEYS_DIGEST_LEN];
-    char err[256];
+    char err[700] = "";
     int rc = kw__req_digest(r->d->cache, r->header, digest, err, sizeof err);
     if (rc == 0)
-        rc = kw_cache_remove(r->d->cache, digest);
+        rc = kw_warm_remove(r->d->cache, digest, err, sizeof err);
     if (rc < 0 && rc != KW_ENOTFOUND) {
-        kw__req_error(r, rc, rc == KW_EINVAL ? err : NULL);
+        kw__req_error(r, rc, err[0] ? err : NULL);
         return;
     }
     cJSON *h = cJSON_CreateObject();

@@ -32,7 +32,8 @@ typedef struct write_req {
     /* A payload written straight from the cache's map: the view (and its
      * read transaction) is held until the write ends, in d's held list,
      * oldest first (held.c's rules, below). */
-    kw_cache_view view;
+    kw_cache_view view; /* the zero-copy hit path's (dispatch.c says why
+                           it reaches the cache itself) */
     uint64_t held_at;  /* uv_now() when it was queued */
     struct write_req *hnext, *hprev;
 } write_req;

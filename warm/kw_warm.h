@@ -234,6 +234,23 @@ int kw_warm_ls_page(kw_cache *c, const kw_warm_filter *f, uint8_t *from,
  * code with the entry at fault in err. */
 int kw_warm_evict(kw_cache *c, cJSON *doc, bool force, char *err, size_t errlen);
 
+/* Resolves hex, a digest of 64 hex digits or a unique prefix of at least
+ * 8 of a cached one (as git takes them), into out: 0; KW_EINVAL (not hex,
+ * or too short), KW_ENOTFOUND (no cached digest starts so) or
+ * KW_EAMBIGUOUS (the candidates follow, on one line), each with a
+ * one-line reason naming hex in err. */
+int kw_warm_digest(kw_cache *c, const char *hex,
+                   uint8_t out[KW_KEYS_DIGEST_LEN], char *err, size_t errlen);
+
+/* Removes the entry of digest (evict by digest): 0, KW_ENOTFOUND, or the
+ * cache's code with its reason in err. */
+int kw_warm_remove(kw_cache *c, const uint8_t digest[KW_KEYS_DIGEST_LEN],
+                   char *err, size_t errlen);
+
+/* The stats of the cache w works on (kw_cache_stats_get), for a caller
+ * that holds the pipeline.  Any thread. */
+int kw_warm_cache_stats(kw_warm *w, kw_cache_stats *out);
+
 /* {"pins": [{"name", "digests", "entries", "bytes", "created"}]}. */
 int kw_warm_pins(kw_cache *c, cJSON **out);
 

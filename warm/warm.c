@@ -444,6 +444,11 @@ void kw_warm_stats_get(kw_warm *w, kw_warm_stats *s)
     pthread_mutex_unlock(&w->wb_mu);
 }
 
+int kw_warm_cache_stats(kw_warm *w, kw_cache_stats *out)
+{
+    return kw_cache_stats_get(w->o.cache, out);
+}
+
 void kw_warm_close(kw_warm *w)
 {
     if (w == NULL)
