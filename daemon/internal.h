@@ -129,8 +129,9 @@ uint64_t kw__audit_now(void);
  * form of a get's key, and of the audit file's records). */
 int kw__key_from_json(const cJSON *h, kw_keys_key *k, char *err, size_t errlen);
 
-/* A derived key set packed for streaming (keypack.c): 66 bytes a key
- * instead of 152, in the set's own buffer. */
+/* A derived key set packed for streaming (keypack.c): about 12 bytes a
+ * key instead of 152 (fields as varints, the digest computed again when
+ * a key is read back), in the set's own buffer. */
 typedef struct kw__keypack {
     uint8_t *buf;      /* packed keys, or NULL */
     kw_keys_key *keys; /* the set as it was, when a key does not pack */
