@@ -139,8 +139,10 @@ static void pin(kw__req *r)
         r->pin_failed = true; /* a partial deployment is not pinned */
         return;
     }
-    if (kw_warm_pin(r->d->cache, name->valuestring, r->set.keys, r->set.nkeys,
-                    err, sizeof err) < 0) {
+    /* The keys are warm's since the submit: read from the job, whose
+     * handle the stream holds until the request ends. */
+    if (kw_warm_pin(r->d->cache, name->valuestring, kw_warm_job_keys(r->s->job),
+                    r->set.nkeys, err, sizeof err) < 0) {
         for (char *p = err; *p != '\0'; p++) /* it may name the client's pin */
             if ((unsigned char)*p < 0x20 || *p == 0x7f)
                 *p = '?';
@@ -260,10 +262,12 @@ void kw__run_warmup(kw__req *r)
      * the client leaves.  The loop may now send heartbeats (heartbeat.c). */
     atomic_store(&r->hb_total, r->set.nkeys);
     /* The stream's lock is held across the submit so that no callback
-     * posts before the stream knows the job it may pause (they wait). */
+     * posts before the stream knows the job it may pause (they wait).
+     * warm takes the keys without a copy: one set per warmup, not two
+     * (152 bytes a key each; r->set keeps only the count). */
     pthread_mutex_lock(&r->s->mu);
-    rc = kw_warm_submit(r->d->warm, r->set.keys, r->set.nkeys, KW_WARM_PROTECT,
-                        on_result, r, &r->s->job);
+    rc = kw_warm_submit_take(r->d->warm, &r->set.keys, r->set.nkeys,
+                             KW_WARM_PROTECT, on_result, r, &r->s->job);
     pthread_mutex_unlock(&r->s->mu);
     if (rc == -ECANCELED)
         cancel_all(r);

@@ -157,6 +157,17 @@ int kw_warm_submit(kw_warm *w, const kw_keys_key *keys, size_t n,
                    unsigned flags, kw_warm_result_fn fn, void *arg,
                    kw_warm_job **job);
 
+/* The same without a copy: takes the malloc'd array *keys (and sets
+ * *keys to NULL) when it returns 0, so a caller holds no second copy of
+ * a large key set; on any error *keys is still the caller's. */
+int kw_warm_submit_take(kw_warm *w, kw_keys_key **keys, size_t n,
+                        unsigned flags, kw_warm_result_fn fn, void *arg,
+                        kw_warm_job **job);
+
+/* The keys of job, in submission order; valid until the handle is
+ * released. */
+const kw_keys_key *kw_warm_job_keys(const kw_warm_job *job);
+
 /* Cancels what of job is not yet compiling: its remaining keys are
  * reported cancelled (a flight others wait for still runs for them), a
  * paused job included.  Harmless after the job's last callback. */

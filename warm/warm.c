@@ -99,22 +99,20 @@ static void intake_push_locked(kw_warm *w, kw_warm_job *job)
     pthread_cond_signal(&w->intake_cv);
 }
 
-int kw_warm_submit(kw_warm *w, const kw_keys_key *keys, size_t n,
-                   unsigned flags, kw_warm_result_fn fn, void *arg,
-                   kw_warm_job **out)
+/* Submits a job of the n keys at *keys: taken (*keys set to NULL) when
+ * it returns 0, else still the caller's. */
+static int submit(kw_warm *w, kw_keys_key **keys, size_t n, unsigned flags,
+                  kw_warm_result_fn fn, void *arg, kw_warm_job **out)
 {
     if (n == 0)
         return KW_EINVAL;
     kw_warm_job *job = kw_calloc(1, sizeof *job);
-    if (job == NULL || (job->keys = kw_malloc(n * sizeof *keys)) == NULL) {
-        free(job);
+    if (job == NULL)
         return KW_ENOMEM;
-    }
-    memcpy(job->keys, keys, n * sizeof *keys);
+    job->keys = *keys;
     job->n = job->remaining = n;
     if ((flags & KW_WARM_PROTECT) && protect(w, job) < 0) {
-        free(job->keys);
-        free(job);
+        free(job); /* the keys are still the caller's */
         return KW_ENOMEM;
     }
     job->flags = flags;
@@ -131,14 +129,42 @@ int kw_warm_submit(kw_warm *w, const kw_keys_key *keys, size_t n,
         if (out != NULL)
             *out = NULL;
         atomic_store(&job->refs, 1);
+        job->keys = NULL; /* still the caller's */
         job_unref(job);
         return -ECANCELED;
     }
+    *keys = NULL; /* the job's now */
     intake_push_locked(w, job);
     w->jobs_active++;
     atomic_fetch_add(&w->st.keys, n);
     pthread_mutex_unlock(&w->mu);
     return 0;
+}
+
+int kw_warm_submit(kw_warm *w, const kw_keys_key *keys, size_t n,
+                   unsigned flags, kw_warm_result_fn fn, void *arg,
+                   kw_warm_job **out)
+{
+    kw_keys_key *copy = n ? kw_malloc(n * sizeof *keys) : NULL;
+    if (n && copy == NULL)
+        return KW_ENOMEM;
+    if (copy != NULL)
+        memcpy(copy, keys, n * sizeof *keys);
+    int rc = submit(w, &copy, n, flags, fn, arg, out);
+    free(copy); /* NULL once taken */
+    return rc;
+}
+
+int kw_warm_submit_take(kw_warm *w, kw_keys_key **keys, size_t n,
+                        unsigned flags, kw_warm_result_fn fn, void *arg,
+                        kw_warm_job **out)
+{
+    return submit(w, keys, n, flags, fn, arg, out);
+}
+
+const kw_keys_key *kw_warm_job_keys(const kw_warm_job *job)
+{
+    return job->keys;
 }
 
 void kw_warm_job_cancel(kw_warm_job *job)
