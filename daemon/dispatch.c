@@ -38,8 +38,11 @@ static void request_end(kw__req *r);
 /* A request of c, holding a reference on c until it ends. */
 static kw__req *req_new(kw__conn *c, uint16_t type, const cJSON *hdr)
 {
+    size_t max = c->d->opts->max_output;
     kw__req *r = kw_calloc(1, sizeof *r);
-    if (r == NULL || (r->s = kw__stream_new(r, c->d->opts->max_output)) == NULL ||
+    if (r == NULL ||
+        (r->s = kw__stream_new(r, max, &c->d->stream_bytes,
+                               KW__STREAMS_TOTAL(max))) == NULL ||
         (hdr != NULL && (r->header = cJSON_Duplicate(hdr, 1)) == NULL)) {
         if (r != NULL)
             kw__stream_unref(r->s);

@@ -229,6 +229,8 @@ typedef struct kw__daemon {
     _Atomic uint64_t keys_in_flight; /* keys of requests not yet over
                                         (--max-keys-in-flight) */
     _Atomic uint64_t refused_keys;   /* requests refused for that budget */
+    _Atomic size_t stream_bytes;     /* posted by every stream, not yet
+                                        written (KW__STREAMS_TOTAL) */
     bool stopping;         /* the main loop's: a signal came */
     bool listening;
     bool bound; /* we created the socket file (not systemd) */

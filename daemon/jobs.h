@@ -50,6 +50,8 @@ typedef struct kw__stream {
     pthread_cond_t cv;    /* the budget has room again, or aborted */
     size_t bytes, frames; /* posted, not yet written or dropped */
     size_t max_bytes;     /* --max-output */
+    _Atomic size_t *total; /* bytes posted, not written, of every stream */
+    size_t max_total;     /* their budget (KW__STREAMS_TOTAL) */
     bool aborted;         /* the connection closed: nothing more is sent */
     bool paused;          /* job was paused for the budget */
     bool lost;            /* a frame could not be posted: the final frame
@@ -65,9 +67,19 @@ typedef struct kw__stream {
     size_t last_resort_len;
 } kw__stream;
 
-/* A new stream of owner with a budget of max_bytes; NULL when out of
+/* The streams' budget together, over the daemon: --max-output again.  A
+ * stream is also full while all of them hold that much, so unread
+ * streams do not add up to a budget each (eight unread 480,000-key keys
+ * streams settled at +67 MB with twice it, at the defaults); it may still
+ * post one frame when it has none in flight, so every stream whose
+ * client reads goes on (a frame at a time, while others hold the total). */
+#define KW__STREAMS_TOTAL(max_output) ((size_t)(max_output))
+
+/* A new stream of owner with a budget of max_bytes, charged also to
+ * *total (the daemon's, with a budget of max_total); NULL when out of
  * memory. */
-kw__stream *kw__stream_new(kw__req *owner, size_t max_bytes);
+kw__stream *kw__stream_new(kw__req *owner, size_t max_bytes,
+                           _Atomic size_t *total, size_t max_total);
 
 /* Posts a non-final frame (owned) of r, parking while the budget is full.
  * Returns 0; -ECANCELED (the connection closed: frame dropped, stop

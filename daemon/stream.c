@@ -27,7 +27,8 @@ static uint8_t *oom_frame(size_t *len)
     return f;
 }
 
-kw__stream *kw__stream_new(kw__req *owner, size_t max_bytes)
+kw__stream *kw__stream_new(kw__req *owner, size_t max_bytes,
+                           _Atomic size_t *total, size_t max_total)
 {
     kw__stream *s = kw_calloc(1, sizeof *s);
     if (s == NULL)
@@ -45,15 +46,19 @@ kw__stream *kw__stream_new(kw__req *owner, size_t max_bytes)
         return NULL;
     }
     s->max_bytes = max_bytes;
+    s->total = total;
+    s->max_total = max_total;
     s->owner = owner;
     s->refs = 1;
     return s;
 }
 
+/* Full: past its own budget, or every stream's together (jobs.h). */
 static bool full_locked(const kw__stream *s)
 {
     return s->frames > 0 &&
-           (s->bytes >= s->max_bytes || s->frames >= KW__STREAM_FRAMES);
+           (s->bytes >= s->max_bytes || s->frames >= KW__STREAM_FRAMES ||
+            atomic_load(s->total) >= s->max_total);
 }
 
 /* Charges and posts frame for r (s->mu held on entry, released here).
@@ -74,6 +79,7 @@ static int post_unlock(kw__req *r, kw__stream *s, uint8_t *frame, size_t len)
     }
     s->bytes += len;
     s->frames++;
+    atomic_fetch_add(s->total, len);
     bool full = full_locked(s);
     pthread_mutex_unlock(&s->mu);
     *o = (kw__out){.req = r, .frame = frame, .len = len, .charged = true};
@@ -98,10 +104,14 @@ int kw__stream_push_nowait(kw__req *r, uint8_t *frame, size_t len)
     return post_unlock(r, s, frame, len);
 }
 
-/* Room for a producer to go on: the budget drained to half. */
+/* Room for a producer to go on: the budget drained to half, and every
+ * stream's to half; or nothing of this one in flight (so that streams
+ * whose clients read never wait on those that do not). */
 static bool room_locked(const kw__stream *s)
 {
-    return s->bytes <= s->max_bytes / 2 && s->frames <= KW__STREAM_FRAMES / 2;
+    return s->frames == 0 ||
+           (s->bytes <= s->max_bytes / 2 && s->frames <= KW__STREAM_FRAMES / 2 &&
+            atomic_load(s->total) <= s->max_total / 2);
 }
 
 bool kw__stream_park(kw__req *r)
@@ -164,6 +174,7 @@ void kw__stream_uncharge(kw__stream *s, size_t len)
     pthread_mutex_lock(&s->mu);
     s->bytes -= len;
     s->frames--;
+    atomic_fetch_sub(s->total, len);
     bool room = room_locked(s);
     kw_warm_job *resume = room && s->paused ? s->job : NULL;
     kw__req *requeue = room && s->parked ? s->owner : NULL;
