@@ -233,6 +233,9 @@ static int open_warm(kw__daemon *d, char *err, size_t errlen)
     return kw_warm_open(&d->warm, &wo, err, errlen);
 }
 
+/* Opens everything kwarmd serves with, in order.  daemon.c owns the
+ * cache handle: it opens, flushes and closes it; requests reach it
+ * through warm/, but for the zero-copy hit path (dispatch.c, server.c). */
 static int start(kw__daemon *d, char *err, size_t errlen)
 {
     const kw_daemon_opts *o = d->opts;
@@ -242,9 +245,6 @@ static int start(kw__daemon *d, char *err, size_t errlen)
     int rc = open_remote(d, err, errlen);
     if (rc == 0)
         rc = kw_cache_open(&d->cache, &co, err, errlen);
-    /* daemon.c owns the cache handle: it opens, flushes and closes it
-     * here; requests reach it through warm/, but for the zero-copy hit
-     * path (dispatch.c, server.c). */
     bool ro = rc == 0 && kw_cache_is_read_only(d->cache);
     d->read_only = ro;
     if (ro) /* serves hits, compiles nothing; kwarmd writes nothing there */

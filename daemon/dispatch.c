@@ -302,7 +302,8 @@ static int handle_get(kw__conn *c, const cJSON *hdr, double t0)
     const cJSON *comp = cJSON_GetObjectItemCaseSensitive(hdr, "compile");
     int kind = miss_kind(hdr);
     int rc = kind < 0 ? KW_EINVAL
-                      : kw__req_get_key(c->d->cache, hdr, &k, &have_key, err, sizeof err);
+                      : kw__req_get_key(c->d->cache, hdr, &k, &have_key, err,
+                                        sizeof err);
     if (kind < 0)
         snprintf(err, sizeof err, "get: \"miss\" must be \"runtime\" or "
                  "\"capture\"");

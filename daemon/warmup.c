@@ -257,14 +257,12 @@ void kw__run_warmup(kw__req *r)
         kw__req_error(r, rc, err);
         return;
     }
-    /* From here the request belongs to warm's callbacks; the stream keeps
-     * the job's handle, to pause it past the budget and to cancel it when
-     * the client leaves.  The loop may now send heartbeats (heartbeat.c). */
+    /* From here the request is warm's callbacks'; the stream keeps the
+     * job's handle, to pause and to cancel it.  Heartbeats may go now. */
     atomic_store(&r->hb_total, r->set.nkeys);
     /* The stream's lock is held across the submit so that no callback
-     * posts before the stream knows the job it may pause (they wait).
-     * warm takes the keys without a copy: one set per warmup, not two
-     * (152 bytes a key each; r->set keeps only the count). */
+     * posts before the stream knows the job it may pause (they wait);
+     * warm takes the keys, no copy (r->set keeps only the count). */
     pthread_mutex_lock(&r->s->mu);
     rc = kw_warm_submit_take(r->d->warm, &r->set.keys, r->set.nkeys,
                              KW_WARM_PROTECT, on_result, r, &r->s->job);
