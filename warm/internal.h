@@ -112,9 +112,10 @@ void kw__warm_deliver(kw_warm *w, kw_warm_job *job, size_t i,
  * memory), the form cache/ takes. */
 uint8_t (*kw__warm_digests(const kw_keys_key *keys, size_t n))[KW_KEYS_DIGEST_LEN];
 
-/* The flight table (compile.c), w->mu held for each. */
+/* The flight table (flight.c), w->mu held for each. */
 int kw__warm_table_init(kw_warm *w);
 flight *kw__warm_table_find(kw_warm *w, const uint8_t *digest);
+void kw__warm_table_remove(kw_warm *w, flight *f);
 /* A new flight for k, in the table and at the tail of the compile queue;
  * NULL when out of memory. */
 flight *kw__warm_flight_new(kw_warm *w, const kw_keys_key *k);
@@ -130,7 +131,7 @@ typedef struct outcome {
 } outcome;
 
 /* Takes f out of the table (unless already out), serves every waiter with
- * o and frees f (compile.c).  No lock held. */
+ * o and frees f (flight.c).  No lock held. */
 void kw__warm_finish(kw_warm *w, flight *f, bool in_table, const outcome *o);
 
 /* The store stage (store.c): compiled flights wait here for a group
