@@ -141,6 +141,25 @@ void kw__cache_read_end(kw_cache *c, MDB_txn *txn)
     mdb_txn_abort(txn); /* the pool is full: give the reader slot back */
 }
 
+int kw__cache_read_walk(kw_cache *c, MDB_dbi dbi, const char *name,
+                        kw__cache_walk_fn walk, void *arg)
+{
+    MDB_txn *txn;
+    MDB_cursor *cur;
+    char what[48];
+    int rc = kw__cache_read_begin(c, &txn);
+    if (rc < 0)
+        return rc;
+    snprintf(what, sizeof what, "mdb_cursor_open(%s)", name);
+    rc = kw__cache_mdb(c, what, mdb_cursor_open(txn, dbi, &cur));
+    if (rc == 0) {
+        rc = walk(c, txn, cur, arg);
+        mdb_cursor_close(cur);
+    }
+    kw__cache_read_end(c, txn);
+    return rc;
+}
+
 void kw__cache_destroy(kw_cache *c)
 {
     for (size_t i = 0; i < KW__CACHE_POOL; i++) {

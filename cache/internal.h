@@ -159,6 +159,18 @@ int kw__cache_read_begin(kw_cache *c, MDB_txn **txn);
  * the pool is full.  Thread-safe; txn may come from another thread. */
 void kw__cache_read_end(kw_cache *c, MDB_txn *txn);
 
+/* A walk over a cursor of a read transaction (kw__cache_read_walk). */
+typedef int (*kw__cache_walk_fn)(kw_cache *c, MDB_txn *txn, MDB_cursor *cur,
+                                 void *arg);
+
+/* The one read walk of cache/: begins a pooled read transaction, opens a
+ * cursor on dbi (name says which in errors) and runs walk(c, txn, cur,
+ * arg), then closes both.  walk's code, or the transaction's or
+ * cursor's, translated.  Every value walk sees lives until it returns:
+ * copy what must outlive it. */
+int kw__cache_read_walk(kw_cache *c, MDB_dbi dbi, const char *name,
+                        kw__cache_walk_fn walk, void *arg);
+
 /* The map size for a limit of max_size bytes (cache.c). */
 uint64_t kw__cache_map_size(uint64_t max_size);
 

@@ -252,33 +252,37 @@ static int report_set(kw_cache *c, MDB_txn *txn, const MDB_val *k,
     return fn(&p, arg);
 }
 
+/* What pins_foreach's walk takes. */
+typedef struct sets_args {
+    kw_cache_pin_fn fn;
+    void *arg;
+} sets_args;
+
+/* Reports every set of "pins" with cur, in name order (a
+ * kw__cache_walk_fn). */
+static int report_sets(kw_cache *c, MDB_txn *txn, MDB_cursor *cur, void *arg)
+{
+    const sets_args *a = arg;
+    MDB_val k, d;
+    MDB_cursor_op op = MDB_FIRST;
+    int rc = 0, mrc;
+    while (rc == 0 && (mrc = mdb_cursor_get(cur, &k, &d, op)) == 0) {
+        op = MDB_NEXT;
+        rc = report_set(c, txn, &k, &d, a->fn, a->arg);
+    }
+    if (rc == 0 && mrc != MDB_NOTFOUND)
+        rc = kw__cache_mdb(c, "mdb_cursor_get(pins)", mrc);
+    return rc;
+}
+
 int kw_cache_pins_foreach(kw_cache *c, kw_cache_pin_fn fn, void *arg)
 {
     if (!c || !fn)
         return KW_EINVAL;
     if (!c->has_pins)
         return 0;
-    MDB_txn *txn;
-    MDB_cursor *cur;
-    int rc = kw__cache_read_begin(c, &txn);
-    if (rc < 0)
-        return rc;
-    rc = kw__cache_mdb(c, "mdb_cursor_open(pins)",
-                       mdb_cursor_open(txn, c->pins, &cur));
-    if (rc == 0) {
-        MDB_val k, d;
-        MDB_cursor_op op = MDB_FIRST;
-        int mrc;
-        while (rc == 0 && (mrc = mdb_cursor_get(cur, &k, &d, op)) == 0) {
-            op = MDB_NEXT;
-            rc = report_set(c, txn, &k, &d, fn, arg);
-        }
-        if (rc == 0 && mrc != MDB_NOTFOUND)
-            rc = kw__cache_mdb(c, "mdb_cursor_get(pins)", mrc);
-        mdb_cursor_close(cur);
-    }
-    kw__cache_read_end(c, txn);
-    return rc;
+    sets_args a = {fn, arg};
+    return kw__cache_read_walk(c, c->pins, "pins", report_sets, &a);
 }
 
 /* Appends the names of digest's sets to buf, from cur. */
@@ -312,6 +316,22 @@ static int names_of(kw_cache *c, MDB_cursor *cur, const uint8_t *digest,
     return out;
 }
 
+/* What pin_names's walk takes: names_of()'s arguments. */
+typedef struct names_args {
+    const uint8_t *digest;
+    char *buf;
+    size_t cap;
+    size_t *count;
+} names_args;
+
+/* names_of() as a kw__cache_walk_fn. */
+static int names_walk(kw_cache *c, MDB_txn *txn, MDB_cursor *cur, void *arg)
+{
+    const names_args *a = arg;
+    (void)txn;
+    return names_of(c, cur, a->digest, a->buf, a->cap, a->count);
+}
+
 int kw_cache_pin_names(kw_cache *c, const uint8_t digest[KW_CACHE_DIGEST_LEN],
                        char *buf, size_t cap, size_t *count)
 {
@@ -323,18 +343,8 @@ int kw_cache_pin_names(kw_cache *c, const uint8_t digest[KW_CACHE_DIGEST_LEN],
     buf[0] = '\0';
     if (!c->has_pins)
         return 0;
-    MDB_txn *txn;
-    MDB_cursor *cur;
-    int rc = kw__cache_read_begin(c, &txn);
-    if (rc < 0)
-        return rc;
-    rc = kw__cache_mdb(c, "mdb_cursor_open(pinidx)",
-                       mdb_cursor_open(txn, c->pinidx, &cur));
-    if (rc == 0) {
-        rc = names_of(c, cur, digest, buf, cap, &n);
-        mdb_cursor_close(cur);
-    }
-    kw__cache_read_end(c, txn);
+    names_args a = {digest, buf, cap, &n};
+    int rc = kw__cache_read_walk(c, c->pinidx, "pinidx", names_walk, &a);
     if (count)
         *count = n;
     return rc;

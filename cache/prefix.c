@@ -91,6 +91,24 @@ static int matches(kw_cache *c, MDB_cursor *cur, const uint8_t *lo,
                                          : kw__cache_mdb(c, "meta", rc);
 }
 
+/* What find_prefix's walk takes: matches()'s arguments. */
+typedef struct match_args {
+    const uint8_t *lo;
+    size_t nib;
+    uint8_t *out;
+    char *list;
+    size_t cap;
+    size_t *found;
+} match_args;
+
+/* matches() as a kw__cache_walk_fn. */
+static int matches_walk(kw_cache *c, MDB_txn *txn, MDB_cursor *cur, void *arg)
+{
+    const match_args *a = arg;
+    (void)txn;
+    return matches(c, cur, a->lo, a->nib, a->out, a->list, a->cap, a->found);
+}
+
 int kw_cache_find_prefix(kw_cache *c, const char *hex,
                          uint8_t out[KW_CACHE_DIGEST_LEN], char *candidates,
                          size_t cap)
@@ -101,18 +119,8 @@ int kw_cache_find_prefix(kw_cache *c, const char *hex,
         candidates[0] = '\0';
     if (!c || !hex || !out || !parse_prefix(hex, lo, &nib))
         return KW_EINVAL;
-    MDB_txn *txn;
-    MDB_cursor *cur;
-    int rc = kw__cache_read_begin(c, &txn);
-    if (rc < 0)
-        return rc;
-    rc = kw__cache_mdb(c, "mdb_cursor_open(meta)",
-                       mdb_cursor_open(txn, c->meta, &cur));
-    if (rc == 0) {
-        rc = matches(c, cur, lo, nib, first, candidates, cap, &found);
-        mdb_cursor_close(cur);
-    }
-    kw__cache_read_end(c, txn);
+    match_args a = {lo, nib, first, candidates, cap, &found};
+    int rc = kw__cache_read_walk(c, c->meta, "meta", matches_walk, &a);
     if (rc < 0)
         return rc;
     if (found == 0)

@@ -257,10 +257,21 @@ bool kw_cache_contains(kw_cache *c, const uint8_t digest[KW_CACHE_DIGEST_LEN])
     return rc == 0;
 }
 
-/* Walks "meta" with cur, calling fn for each entry that decodes. */
-static int each(kw_cache *c, MDB_txn *txn, MDB_cursor *cur,
-                const uint8_t *from, kw_cache_each_fn fn, void *arg)
+/* What kw_cache_foreach_from's walk takes. */
+typedef struct each_args {
+    const uint8_t *from;
+    kw_cache_each_fn fn;
+    void *arg;
+} each_args;
+
+/* Walks "meta" with cur (from a->from, or the first), calling a->fn for
+ * each entry that decodes (a kw__cache_walk_fn). */
+static int each(kw_cache *c, MDB_txn *txn, MDB_cursor *cur, void *args)
 {
+    const each_args *a = args;
+    const uint8_t *from = a->from;
+    kw_cache_each_fn fn = a->fn;
+    void *arg = a->arg;
     MDB_val k = {KW_CACHE_DIGEST_LEN, (void *)from}, d;
     MDB_cursor_op op = from != NULL ? MDB_SET_RANGE : MDB_FIRST;
     int rc;
@@ -292,19 +303,8 @@ int kw_cache_foreach_from(kw_cache *c, const uint8_t *from,
 {
     if (!c || !fn)
         return KW_EINVAL;
-    MDB_txn *txn;
-    MDB_cursor *cur;
-    int rc = kw__cache_read_begin(c, &txn);
-    if (rc < 0)
-        return rc;
-    rc = kw__cache_mdb(c, "mdb_cursor_open(meta)",
-                       mdb_cursor_open(txn, c->meta, &cur));
-    if (rc == 0) {
-        rc = each(c, txn, cur, from, fn, arg);
-        mdb_cursor_close(cur);
-    }
-    kw__cache_read_end(c, txn);
-    return rc;
+    each_args a = {from, fn, arg};
+    return kw__cache_read_walk(c, c->meta, "meta", each, &a);
 }
 
 int kw_cache_borrow(kw_cache *c, const uint8_t digest[KW_CACHE_DIGEST_LEN],

@@ -12,6 +12,7 @@
  */
 #include "internal.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -232,4 +233,35 @@ void kw__audit_close(kw__audit *a)
 uint64_t kw__audit_now(void)
 {
     return (uint64_t)time(NULL);
+}
+
+/* ---- a key as JSON: a get's, and each record's in the file ------------ */
+
+int kw__key_from_json(const cJSON *h, kw_keys_key *k, char *err, size_t errlen)
+{
+    const cJSON *fam = cJSON_GetObjectItemCaseSensitive(h, "family");
+    const cJSON *fields = cJSON_GetObjectItemCaseSensitive(h, "fields");
+    const cJSON *arch = cJSON_GetObjectItemCaseSensitive(h, "arch");
+    if (!cJSON_IsString(fam) || !cJSON_IsObject(fields) || !cJSON_IsString(arch) ||
+        kw_keys_family_from_name(fam->valuestring, &k->family) < 0 ||
+        snprintf(k->arch, sizeof k->arch, "%s", arch->valuestring) >= (int)sizeof k->arch) {
+        snprintf(err, errlen, "get: needs \"digest\", or a known \"family\", "
+                 "\"fields\" and \"arch\"");
+        return KW_EINVAL;
+    }
+    for (size_t i = 0; i < kw_keys_nfields(k->family); i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(fields,
+                                                          kw_keys_field_name(k->family, i));
+        /* Integers only, within int32 like every key field: a fraction
+         * must not truncate into another key's value. */
+        bool num = cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble) &&
+                   fabs(v->valuedouble) <= 2147483647.0;
+        if (!num && !cJSON_IsBool(v)) {
+            snprintf(err, errlen, "get: /fields/%s: missing or not an integer",
+                     kw_keys_field_name(k->family, i));
+            return KW_EINVAL;
+        }
+        k->fields[i] = cJSON_IsBool(v) ? cJSON_IsTrue(v) : (int64_t)v->valuedouble;
+    }
+    return kw_keys_digest(k, k->digest);
 }

@@ -1,5 +1,5 @@
 /* daemon.c: kwarmd's life cycle: start, serve, stop on a signal. */
-#include "internal.h"
+#include "loops.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -17,6 +17,7 @@
 #include "kw_alloc.h"
 #include "kw_err.h"
 #include "log.h"
+#include "metrics.h"
 
 void kw_daemon_opts_init(kw_daemon_opts *o)
 {
@@ -232,6 +233,9 @@ static int open_warm(kw__daemon *d, char *err, size_t errlen)
     return kw_warm_open(&d->warm, &wo, err, errlen);
 }
 
+/* Opens everything kwarmd serves with, in order.  daemon.c owns the
+ * cache handle: it opens, flushes and closes it; requests reach it
+ * through warm/, but for the zero-copy hit path (dispatch.c, server.c). */
 static int start(kw__daemon *d, char *err, size_t errlen)
 {
     const kw_daemon_opts *o = d->opts;
@@ -242,6 +246,7 @@ static int start(kw__daemon *d, char *err, size_t errlen)
     if (rc == 0)
         rc = kw_cache_open(&d->cache, &co, err, errlen);
     bool ro = rc == 0 && kw_cache_is_read_only(d->cache);
+    d->read_only = ro;
     if (ro) /* serves hits, compiles nothing; kwarmd writes nothing there */
         KW_LOG(KW_LOG_INFO, "cache %s is read-only%s: hits are served, a miss "
                "is answered \"not cached (read-only cache)\"", o->cache_dir,
@@ -336,6 +341,7 @@ int kw_daemon_run(const kw_daemon_opts *o, char *err, size_t errlen)
     snprintf(d.version, sizeof d.version, "%s", KW_VERSION);
     d.test_peercred_fail = getenv("KWARMD_TEST_PEERCRED_FAIL") != NULL;
     kw__alloc_hook_init();
+    kw__daemon_upcalls(&d); /* before anything can call up */
     init_alloc_test_hook(&d);
     /* Blocks of 1 MiB and more (a derivation's key arrays, grown by
      * realloc) are mapped on their own and unmapped when freed: with

@@ -16,7 +16,7 @@
  * before the keys are derived ("total" unknown), nor after the request's
  * RESULT (the request has ended and left c->active).
  */
-#include "internal.h"
+#include "handlers.h"
 
 /* How often the loop looks: a heartbeat goes out between KW__HEARTBEAT_MS
  * and KW__HEARTBEAT_MS + KW__HEARTBEAT_TICK_MS after the last frame. */
@@ -78,10 +78,4 @@ void kw__heartbeat_end(kw__req *r)
     kw__loop *l = r->conn->l;
     if (--l->nwarmups == 0 && !l->done)
         uv_timer_stop(&l->heartbeat);
-}
-
-void kw__heartbeat_delivered(kw__req *r)
-{
-    r->hb_last = uv_now(&r->conn->l->loop);
-    atomic_fetch_sub(&r->hb_pending, 1);
 }

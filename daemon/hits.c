@@ -9,7 +9,7 @@
  * and the three strings all match the entry just borrowed, so an entry
  * compiled again (a new size or entry name) gets a new header.
  */
-#include "internal.h"
+#include "conn.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -2,21 +2,52 @@
  *
  * A keys request holds its key set while its client reads: that set is
  * what a slow reader costs once the stream's budget is full.  jit/'s
- * kw_keys_key is 152 bytes (13 int64 fields, most unused); packed, a key
- * is its family, the index of its arch, its digest and each field its
- * family uses as an int32 (every key field is within int32, as get's
- * rule says), about 66 bytes.  The packing reuses the set's own buffer
- * (key i's packed bytes end before key i + 1 starts), which is then
- * shrunk, so it needs no second copy at any time.
+ * kw_keys_key is 152 bytes (13 int64 fields, most unused).  Packed, a key
+ * is its family, the index of its arch, and each field its family uses as
+ * a zigzag varint (LEB128: most fields are small, one or two bytes); its
+ * digest is not kept but computed again as the key is read back
+ * (kw_keys_digest: one BLAKE2b of about 100 bytes, under a microsecond).
+ * A V4 key is about 12 bytes instead of 152.  The packing reuses the
+ * set's own buffer (key i's packed bytes end before key i + 1 starts),
+ * which is then shrunk, so it needs no second copy at any time.
  */
 #include "internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kw_alloc.h"
 
-#define FIXED (2 + KW_KEYS_DIGEST_LEN) /* family, arch, digest */
+#define FIXED 2 /* family, arch index */
+
+/* Appends v as a zigzag LEB128 varint at out; the bytes written (at most
+ * 10). */
+static size_t put_varint(uint8_t *out, int64_t v)
+{
+    uint64_t z = ((uint64_t)v << 1) ^ (uint64_t)(v >> 63);
+    size_t n = 0;
+    do {
+        uint8_t b = z & 0x7f;
+        z >>= 7;
+        out[n++] = b | (z ? 0x80 : 0);
+    } while (z);
+    return n;
+}
+
+/* Reads a varint of put_varint at in into *v; the bytes read. */
+static size_t get_varint(const uint8_t *in, int64_t *v)
+{
+    uint64_t z = 0;
+    size_t n = 0;
+    unsigned shift = 0;
+    do {
+        z |= (uint64_t)(in[n] & 0x7f) << shift;
+        shift += 7;
+    } while (in[n++] & 0x80);
+    *v = (int64_t)(z >> 1) ^ -(int64_t)(z & 1);
+    return n;
+}
 
 /* The arch index of a (added when new); -1 when the table is full. */
 static int arch_index(kw__keypack *p, const char *a)
@@ -37,9 +68,6 @@ static bool packable(kw__keypack *p, const kw_keys_set *set)
         const kw_keys_key *k = &set->keys[i];
         if (arch_index(p, k->arch) < 0 || (unsigned)k->family > 255)
             return false;
-        for (size_t f = 0; f < kw_keys_nfields(k->family); f++)
-            if (k->fields[f] < INT32_MIN || k->fields[f] > INT32_MAX)
-                return false;
     }
     return true;
 }
@@ -60,12 +88,9 @@ void kw__keypack_take(kw__keypack *p, kw_keys_set *set)
         size_t nf = kw_keys_nfields(k.family);
         out[off] = (uint8_t)k.family;
         out[off + 1] = (uint8_t)arch_index(p, k.arch);
-        memcpy(out + off + 2, k.digest, KW_KEYS_DIGEST_LEN);
-        for (size_t f = 0; f < nf; f++) {
-            int32_t v = (int32_t)k.fields[f];
-            memcpy(out + off + FIXED + 4 * f, &v, 4);
-        }
-        off += FIXED + 4 * nf;
+        off += FIXED;
+        for (size_t f = 0; f < nf; f++) /* at most 10 bytes: < 152 a key */
+            off += put_varint(out + off, k.fields[f]);
     }
     set->keys = NULL;
     uint8_t *shrunk = off > 0 ? kw_realloc(out, off) : NULL;
@@ -84,14 +109,12 @@ size_t kw__keypack_next(const kw__keypack *p, size_t i, size_t off,
     memset(k, 0, sizeof *k);
     k->family = (kw_k_family)p->buf[off];
     snprintf(k->arch, sizeof k->arch, "%s", p->archs[p->buf[off + 1]]);
-    memcpy(k->digest, p->buf + off + 2, KW_KEYS_DIGEST_LEN);
+    off += FIXED;
     size_t nf = kw_keys_nfields(k->family);
-    for (size_t f = 0; f < nf; f++) {
-        int32_t v;
-        memcpy(&v, p->buf + off + FIXED + 4 * f, 4);
-        k->fields[f] = v;
-    }
-    return off + FIXED + 4 * nf;
+    for (size_t f = 0; f < nf; f++)
+        off += get_varint(p->buf + off, &k->fields[f]);
+    (void)kw_keys_digest(k, k->digest); /* the family packed was valid */
+    return off;
 }
 
 void kw__keypack_free(kw__keypack *p)

@@ -12,7 +12,7 @@
  * loop through d->loop_done; the main loop finishes the stop when every
  * loop has.
  */
-#include "internal.h"
+#include "loops.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -23,22 +23,6 @@
 #include "kw_alloc.h"
 #include "kw_err.h"
 #include "log.h"
-
-/* The loop is stopping and nothing is left: close its handles, so that
- * uv_run returns and the thread ends. */
-void kw__loop_check_stop(kw__loop *l)
-{
-    if (!l->stopping || l->done || l->nreqs > 0 || l->conns != NULL)
-        return;
-    l->done = true;
-    pthread_mutex_lock(&l->mu);
-    l->closed = true; /* the main loop sends no wake from now on */
-    pthread_mutex_unlock(&l->mu);
-    uv_close((uv_handle_t *)&l->wake, NULL);
-    uv_close((uv_handle_t *)&l->outbox, NULL);
-    uv_close((uv_handle_t *)&l->held_timer, NULL);
-    uv_close((uv_handle_t *)&l->heartbeat, NULL);
-}
 
 /* Told to stop: stop resuming backlogs, close idle connections now (the
  * others after their request's last frame), end when nothing is left. */

@@ -8,6 +8,8 @@
  * (epoll, not select: kwarmd's fds go past FD_SETSIZE with many clients);
  * its handler only reads atomics and calls thread-safe stats functions.
  */
+#include "metrics.h"
+
 #include "internal.h"
 
 #include <arpa/inet.h>
@@ -236,7 +238,7 @@ int kw__metrics_text(kw__daemon *d, char **out, size_t *len)
     kw_cache_stats st;
     kw_warm_stats ws;
     kw_remote_stats rs = {0}; /* zeros without a fleet tier */
-    int rc = kw_cache_stats_get(d->cache, &st);
+    int rc = kw_warm_cache_stats(d->warm, &st);
     if (rc < 0)
         return rc;
     kw_warm_stats_get(d->warm, &ws);

@@ -18,19 +18,7 @@
 
 struct kw__daemon;
 
-#define KW__REQ_TYPES 11    /* KW_PROTO_PING (1) .. KW_PROTO_RESIZE (11) */
-#define KW__GET_BUCKETS 14  /* get latency bounds (metrics.c), then +Inf */
 
-/* What the loop thread counts for the metrics alone (written there, read
- * by any thread). */
-typedef struct kw__metrics_counters {
-    /* requests ended, by type - 1, [0] answered, [1] answered by an ERROR
-     * frame (or a compiling get whose connection closed first) */
-    _Atomic uint64_t requests[KW__REQ_TYPES][2];
-    /* gets by seconds from dispatch to reply: per bucket, and the sum */
-    _Atomic uint64_t get_buckets[KW__GET_BUCKETS + 1];
-    _Atomic uint64_t get_ns;
-} kw__metrics_counters;
 
 /* Counts a request of type that ended, ok or not (loop thread). */
 void kw__metrics_request(struct kw__daemon *d, uint16_t type, bool ok);

@@ -5,7 +5,7 @@
  * document of `kwarm keys --json` and "count"; the client puts the keys
  * back in (kw_client_keys), so no reply is refused for its size.
  */
-#include "internal.h"
+#include "handlers.h"
 
 #include <errno.h>
 #include <malloc.h>
@@ -15,6 +15,7 @@
 #include "kw_alloc.h"
 #include "kw_err.h"
 #include "log.h"
+#include "metrics.h"
 
 static int req_keys(const cJSON *h, kw_config_model *m, kw_config_deploy *d,
                     kw_keys_set *set, char *err, size_t errlen)
@@ -199,7 +200,7 @@ static bool add_numbers(cJSON *h, const char *const *names, const uint64_t *v,
     return ok;
 }
 
-#define NSTATS 33
+#define NSTATS 35
 
 /* Every counter of `stats` (README.md says what each means): the cache's,
  * the loop's (as of the request), the warm pipeline's, the fleet tier's. */
@@ -217,7 +218,8 @@ static size_t collect_stats(const kw__req *r, const kw_cache_stats *st,
         "cancelled", "compiles_queued", "compiles_inflight", "warm_jobs_active",
         "compiles_started", "remote_fetches", "remote_misses", "remote_errors",
         "remote_refused", "remote_puts", "held_reads", "held_read_timeouts",
-        "held_reads_copied"};
+        "held_reads_copied", "remote_writebacks_queued",
+        "remote_writebacks_dropped"};
     /* compiles_started: flights that reached a worker. */
     uint64_t started = ws.compiles + ws.compile_failures + ws.store_failures +
                        ws.compiling;
@@ -229,7 +231,8 @@ static size_t collect_stats(const kw__req *r, const kw_cache_stats *st,
         ws.remote_hits, ws.store_failures, ws.cancelled, ws.queued,
         ws.compiling, ws.jobs_active, started, rs.hits, rs.misses, rs.errors,
         rs.refused, rs.puts, atomic_load(&r->d->nheld),
-        atomic_load(&r->d->held_expired), atomic_load(&r->d->held_copied)};
+        atomic_load(&r->d->held_expired), atomic_load(&r->d->held_copied),
+        ws.writebacks_queued, ws.writebacks_dropped};
     memcpy(names, n, sizeof n);
     memcpy(v, val, sizeof val);
     return NSTATS;
@@ -247,7 +250,7 @@ void kw__run_stats(kw__req *r)
     kw_remote_stats rs = {0}; /* fleet tier: zeros without one */
     const char *names[NSTATS];
     uint64_t v[NSTATS];
-    int rc = kw_cache_stats_get(r->d->cache, &st);
+    int rc = kw_warm_cache_stats(r->d->warm, &st);
     if (rc < 0) {
         kw__req_error(r, rc, NULL);
         return;
@@ -278,12 +281,12 @@ void kw__run_evict(kw__req *r)
         return;
     }
     uint8_t digest[KW_KEYS_DIGEST_LEN];
-    char err[256];
+    char err[700] = "";
     int rc = kw__req_digest(r->d->cache, r->header, digest, err, sizeof err);
     if (rc == 0)
-        rc = kw_cache_remove(r->d->cache, digest);
+        rc = kw_warm_remove(r->d->cache, digest, err, sizeof err);
     if (rc < 0 && rc != KW_ENOTFOUND) {
-        kw__req_error(r, rc, rc == KW_EINVAL ? err : NULL);
+        kw__req_error(r, rc, err[0] ? err : NULL);
         return;
     }
     cJSON *h = cJSON_CreateObject();

@@ -8,7 +8,7 @@
  * requests until the queue drains to half, and drops it when nothing has
  * left for --idle-timeout.
  */
-#include "internal.h"
+#include "conn.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -27,11 +27,13 @@ typedef struct write_req {
     void *payload;    /* owned, sent after frame without a copy; or NULL */
     size_t payload_cap;
     size_t bytes;     /* frame and payload: counted in conn->queued */
-    kw__stream *charge; /* the stream this frame is charged to, or NULL */
+    kw__conn_done_fn done; /* called once written or dropped, or NULL */
+    void *done_arg;
     /* A payload written straight from the cache's map: the view (and its
      * read transaction) is held until the write ends, in d's held list,
      * oldest first (held.c's rules, below). */
-    kw_cache_view view;
+    kw_cache_view view; /* the zero-copy hit path's (dispatch.c says why
+                           it reaches the cache itself) */
     uint64_t held_at;  /* uv_now() when it was queued */
     struct write_req *hnext, *hprev;
 } write_req;
@@ -92,10 +94,24 @@ void kw__conn_close(kw__conn *c)
         c->next->prev = c->prev;
     c->d->nconns--;
     if (c->active != NULL)
-        kw__daemon_request_abort(c->active);
+        c->d->up.abort(c->active);
     uv_close((uv_handle_t *)&c->idle, on_handle_closed);
     uv_close((uv_handle_t *)&c->pipe, on_handle_closed);
     kw__loop_check_stop(l);
+}
+
+void kw__loop_check_stop(kw__loop *l)
+{
+    if (!l->stopping || l->done || l->nreqs > 0 || l->conns != NULL)
+        return;
+    l->done = true;
+    pthread_mutex_lock(&l->mu);
+    l->closed = true; /* the main loop sends no wake from now on */
+    pthread_mutex_unlock(&l->mu);
+    uv_close((uv_handle_t *)&l->wake, NULL);
+    uv_close((uv_handle_t *)&l->outbox, NULL);
+    uv_close((uv_handle_t *)&l->held_timer, NULL);
+    uv_close((uv_handle_t *)&l->heartbeat, NULL);
 }
 
 /* Reads when nothing holds it back: no request under way, the output
@@ -179,10 +195,8 @@ void kw__held_check(uv_timer_t *t)
 /* Frees w and what it owns; a held view is released. */
 static void write_free(write_req *w)
 {
-    if (w->charge != NULL) {
-        kw__stream_uncharge(w->charge, w->bytes);
-        kw__stream_unref(w->charge);
-    }
+    if (w->done != NULL)
+        w->done(w->done_arg, w->bytes);
     if (w->view.data != NULL) {
         held_unlink(w->conn->l, w);
         kw_cache_release(&w->view);
@@ -314,23 +328,21 @@ void kw__conn_send_view_frame(kw__conn *c, const uint8_t *frame, size_t len,
     queue_view(c, w, (size_t)n, len, v, first);
 }
 
-void kw__conn_send_charged(kw__conn *c, uint8_t *frame, size_t len,
-                           bool close_after, kw__stream *s)
+void kw__conn_send_then(kw__conn *c, uint8_t *frame, size_t len,
+                        bool close_after, kw__conn_done_fn done, void *arg)
 {
     write_req *w = c->closing ? NULL : kw_calloc(1, sizeof *w);
     if (w == NULL) {
         free(frame);
-        if (s != NULL)
-            kw__stream_uncharge(s, len);
+        if (done != NULL)
+            done(arg, len);
         /* A frame lost out of memory would leave the client waiting for
          * it: the connection is closed instead (issue 23). */
         kw__conn_close(c);
         return;
     }
     *w = (write_req){.conn = c, .frame = frame, .close_after = close_after,
-                     .bytes = len, .charge = s};
-    if (s != NULL)
-        s->refs++; /* the stream outlives its request while this waits */
+                     .bytes = len, .done = done, .done_arg = arg};
     uv_buf_t b = uv_buf_init((char *)frame, (unsigned)len);
     queue_write(c, w, &b, 1);
 }
@@ -338,7 +350,7 @@ void kw__conn_send_charged(kw__conn *c, uint8_t *frame, size_t len,
 void kw__conn_send_frame(kw__conn *c, uint8_t *frame, size_t len,
                          bool close_after)
 {
-    kw__conn_send_charged(c, frame, len, close_after, NULL);
+    kw__conn_send_then(c, frame, len, close_after, NULL, NULL);
 }
 
 void kw__conn_send(kw__conn *c, uint16_t type, const cJSON *header,
@@ -467,20 +479,6 @@ static bool may_serve(const kw__conn *c)
            !c->broken && !c->l->stopping;
 }
 
-/* Tests only (KWARMD_TEST_ALLOC_HOOK): arms the allocation hook for m
- * when it asks so ("test_fail_alloc": N). */
-static bool arm_alloc_hook(kw__conn *c, const kw_msg *m)
-{
-    const cJSON *n = c->d->alloc_hook
-                         ? cJSON_GetObjectItemCaseSensitive(m->header,
-                                                            "test_fail_alloc")
-                         : NULL;
-    if (!cJSON_IsNumber(n) || n->valuedouble < 1)
-        return false;
-    kw_alloc_fail_at((uint64_t)n->valuedouble);
-    return true;
-}
-
 /* Parses and serves buffered requests, at most KW__FRAMES_PER_READ per
  * call, stopping while one is under way or the output queue is over its
  * cap; frames left over are served on the next loop iteration (the
@@ -500,14 +498,7 @@ static void process(kw__conn *c)
             return;
         }
         c->d->requests++;
-        kw__alloc_fail = kw__alloc_fail_type == m.type; /* tests only */
-        bool armed = arm_alloc_hook(c, &m);
-        kw__daemon_dispatch(c, &m);
-        if (armed && c->active != NULL)
-            c->active->alloc_armed = true; /* disarmed at its end */
-        else if (armed)
-            kw__alloc_hook_done(c->d);
-        kw__alloc_fail = false;
+        c->d->up.dispatch(c, &m);
         kw_msg_destroy(&m);
         memmove(c->buf, c->buf + used, c->len - used);
         c->len -= used;

@@ -14,7 +14,7 @@
  * the streamed results back into one "manifest", in key order ("index":
  * the key's place in the deployment's keys, as `kwarm keys` lists them).
  */
-#include "internal.h"
+#include "handlers.h"
 
 #include <errno.h>
 #include <string.h>
@@ -139,8 +139,10 @@ static void pin(kw__req *r)
         r->pin_failed = true; /* a partial deployment is not pinned */
         return;
     }
-    if (kw_warm_pin(r->d->cache, name->valuestring, r->set.keys, r->set.nkeys,
-                    err, sizeof err) < 0) {
+    /* The keys are warm's since the submit: read from the job, whose
+     * handle the stream holds until the request ends. */
+    if (kw_warm_pin(r->d->cache, name->valuestring, kw_warm_job_keys(r->s->job),
+                    r->set.nkeys, err, sizeof err) < 0) {
         for (char *p = err; *p != '\0'; p++) /* it may name the client's pin */
             if ((unsigned char)*p < 0x20 || *p == 0x7f)
                 *p = '?';
@@ -255,15 +257,15 @@ void kw__run_warmup(kw__req *r)
         kw__req_error(r, rc, err);
         return;
     }
-    /* From here the request belongs to warm's callbacks; the stream keeps
-     * the job's handle, to pause it past the budget and to cancel it when
-     * the client leaves.  The loop may now send heartbeats (heartbeat.c). */
+    /* From here the request is warm's callbacks'; the stream keeps the
+     * job's handle, to pause and to cancel it.  Heartbeats may go now. */
     atomic_store(&r->hb_total, r->set.nkeys);
     /* The stream's lock is held across the submit so that no callback
-     * posts before the stream knows the job it may pause (they wait). */
+     * posts before the stream knows the job it may pause (they wait);
+     * warm takes the keys, no copy (r->set keeps only the count). */
     pthread_mutex_lock(&r->s->mu);
-    rc = kw_warm_submit(r->d->warm, r->set.keys, r->set.nkeys, KW_WARM_PROTECT,
-                        on_result, r, &r->s->job);
+    rc = kw_warm_submit_take(r->d->warm, &r->set.keys, r->set.nkeys,
+                             KW_WARM_PROTECT, on_result, r, &r->s->job);
     pthread_mutex_unlock(&r->s->mu);
     if (rc == -ECANCELED)
         cancel_all(r);

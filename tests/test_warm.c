@@ -315,3 +315,40 @@ Test(warm, a_cancelled_job_stops_but_a_job_sharing_its_keys_completes)
     kw_keys_set_destroy(&set);
     rig_down(&r);
 }
+
+/* kw_warm_submit_take (issue 23): the job takes the caller's array, no
+ * copy, and lends it back through kw_warm_job_keys; a refused submit
+ * leaves the array with the caller. */
+Test(warm, submit_take_takes_the_keys_and_lends_them_back)
+{
+    instant();
+    rig r;
+    rig_up(&r, "warm-take", 2, 0);
+    kw_keys_set set = derive("deepseek-v4-flash.json", 64, "sm_90,sm_100");
+    size_t n = set.nkeys;
+    kw_keys_key *keys = set.keys, *first = keys;
+    set.keys = NULL;
+    kw_keys_key k0 = keys[0];
+    seen s;
+    seen_init(&s, n);
+    kw_warm_job *job = NULL;
+    cr_assert_eq(kw_warm_submit_take(r.warm, &keys, n, 0, on_result, &s, &job), 0);
+    cr_expect_null(keys, "the array is the job's now");
+    cr_expect_eq(kw_warm_job_keys(job), first, "no copy was made");
+    cr_expect_eq(memcmp(&kw_warm_job_keys(job)[0], &k0, sizeof k0), 0);
+    seen_wait(&s);
+    cr_expect_eq(s.n, n);
+    cr_expect_eq(s.count[KW_WARM_COMPILED], n);
+    kw_warm_job_release(job);
+    kw_warm_cancel(r.warm);
+    kw_keys_key *more = malloc(sizeof *more);
+    cr_assert_not_null(more);
+    *more = k0;
+    kw_keys_key *mine = more;
+    cr_expect_eq(kw_warm_submit_take(r.warm, &more, 1, 0, on_result, &s, NULL),
+                 -ECANCELED);
+    cr_expect_eq(more, mine, "refused: still the caller's");
+    free(more);
+    seen_destroy(&s);
+    rig_down(&r);
+}

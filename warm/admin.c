@@ -298,3 +298,36 @@ int kw_warm_evict(kw_cache *c, cJSON *doc, bool force, char *err, size_t errlen)
     cJSON_AddItemReferenceToObject(doc, "removed", arr);
     return 0;
 }
+
+int kw_warm_digest(kw_cache *c, const char *hex,
+                   uint8_t out[KW_KEYS_DIGEST_LEN], char *err, size_t errlen)
+{
+    size_t n = 0, len = strlen(hex);
+    if (len == 64 && sodium_hex2bin(out, KW_KEYS_DIGEST_LEN, hex, 64, NULL, &n,
+                                    NULL) == 0 && n == KW_KEYS_DIGEST_LEN)
+        return 0;
+    char cand[600] = "";
+    int rc = len >= 8 && len < 64 ? kw_cache_find_prefix(c, hex, out, cand,
+                                                          sizeof cand)
+                                  : KW_EINVAL;
+    for (char *p = cand; (p = strchr(p, '\n')) != NULL;)
+        *p = ' '; /* one line: a client prints no control characters */
+    if (rc == KW_EAMBIGUOUS)
+        snprintf(err, errlen, "digest %.64s: ambiguous prefix, it starts: %s",
+                 hex, cand);
+    else if (rc == KW_ENOTFOUND)
+        snprintf(err, errlen, "digest %.64s: no cached digest starts so", hex);
+    else if (rc < 0)
+        snprintf(err, errlen, "digest %.64s: must be 64 hex digits, or a "
+                 "prefix of 8 or more", hex);
+    return rc;
+}
+
+int kw_warm_remove(kw_cache *c, const uint8_t digest[KW_KEYS_DIGEST_LEN],
+                   char *err, size_t errlen)
+{
+    int rc = kw_cache_remove(c, digest);
+    if (rc < 0 && rc != KW_ENOTFOUND)
+        snprintf(err, errlen, "%s", kw_cache_last_error(c));
+    return rc;
+}

@@ -1,9 +1,10 @@
-/* compile.c: flights: the table by digest, the compile threads, the store.
+/* compile.c: the compile threads.
  *
  * A compile thread takes the oldest queued flight, asks the fleet tier,
- * else compiles it in a worker process, stores the result with one put and
- * writes it back to the fleet, then takes the flight out of the table and
- * serves every waiter.  The flight leaves the table only after the put, so
+ * else compiles it in a worker process and hands the result to the store
+ * stage (store.c), which puts it, queues its write-back to the fleet
+ * (writeback.c), then takes the flight out of the table and serves every
+ * waiter (flight.c).  The flight leaves the table only after the put, so
  * a request arriving meanwhile either joins it or finds the entry cached.
  */
 #include "internal.h"
@@ -15,83 +16,6 @@
 
 #include "kw_alloc.h"
 #include "kw_err.h"
-
-/* ---- the table (w->mu held) ------------------------------------------- */
-
-#define TABLE_MIN 1024u
-
-/* The bucket of a digest: its first 8 bytes are uniform already. */
-static size_t bucket(const kw_warm *w, const uint8_t *digest)
-{
-    uint64_t h;
-    memcpy(&h, digest, sizeof h);
-    return (size_t)h & (w->table_cap - 1);
-}
-
-int kw__warm_table_init(kw_warm *w)
-{
-    w->table = kw_calloc(TABLE_MIN, sizeof *w->table);
-    w->table_cap = TABLE_MIN;
-    return w->table != NULL ? 0 : KW_ENOMEM;
-}
-
-flight *kw__warm_table_find(kw_warm *w, const uint8_t *digest)
-{
-    for (flight *f = w->table[bucket(w, digest)]; f != NULL; f = f->next_h)
-        if (memcmp(f->key.digest, digest, KW_KEYS_DIGEST_LEN) == 0)
-            return f;
-    return NULL;
-}
-
-/* Doubles the table when it is fuller than one flight per bucket; keeps
- * the old one when memory is short (chains just get longer). */
-static void table_grow(kw_warm *w)
-{
-    size_t cap = w->table_cap * 2;
-    flight **t = kw_calloc(cap, sizeof *t);
-    if (t == NULL)
-        return;
-    flight **old = w->table;
-    size_t oldcap = w->table_cap;
-    w->table = t;
-    w->table_cap = cap;
-    for (size_t i = 0; i < oldcap; i++)
-        for (flight *f = old[i], *next; f != NULL; f = next) {
-            next = f->next_h;
-            size_t b = bucket(w, f->key.digest);
-            f->next_h = t[b];
-            t[b] = f;
-        }
-    free(old);
-}
-
-static void table_remove(kw_warm *w, flight *f)
-{
-    for (flight **p = &w->table[bucket(w, f->key.digest)]; *p; p = &(*p)->next_h)
-        if (*p == f) {
-            *p = f->next_h;
-            w->ntable--;
-            return;
-        }
-}
-
-flight *kw__warm_flight_new(kw_warm *w, const kw_keys_key *k)
-{
-    flight *f = kw_calloc(1, sizeof *f);
-    if (f == NULL)
-        return NULL;
-    f->key = *k;
-    if (w->ntable >= w->table_cap)
-        table_grow(w);
-    size_t b = bucket(w, k->digest);
-    f->next_h = w->table[b];
-    w->table[b] = f;
-    w->ntable++;
-    kw_queue_push(&w->compile_q, &f->qnode);
-    w->nqueued++;
-    pthread_cond_signal(&w->compile_cv);
-    return f;
-}
 
 /* ---- one flight ------------------------------------------------------- */
 
@@ -179,12 +103,13 @@ static bool run_flight(kw_warm *w, flight *f, outcome *out)
         out->log = r.log;
         r.log = NULL;
     }
-    if (remote != NULL)
-        kw_remote_end(remote, &lease, &info,
-                      out->status == KW_WARM_COMPILED ? r.cubin : NULL,
-                      out->status == KW_WARM_COMPILED ? r.cubin_len : 0);
+    /* The write-back and the lease's release go to the write-back
+     * thread, after the local put for a compiled key: Redis never holds
+     * up this thread or the key's waiters (issue 23). */
     if (rc == 0)
-        kw__warm_store_push(w, f, &r, &info); /* the store stage finishes f */
+        kw__warm_store_push(w, f, &r, &info, remote ? &lease : NULL);
+    else if (remote != NULL)
+        kw__warm_writeback_push(w, &lease, NULL, NULL, 0);
     kw__pool_result_destroy(&r);
     return rc == 0;
 }
@@ -198,26 +123,6 @@ static bool unwanted(const flight *f)
     return true;
 }
 
-void kw__warm_finish(kw_warm *w, flight *f, bool in_table, const outcome *o)
-{
-    pthread_mutex_lock(&w->mu);
-    if (in_table)
-        table_remove(w, f);
-    waiter *list = f->waiters;
-    f->waiters = NULL;
-    pthread_mutex_unlock(&w->mu);
-    while (list != NULL) {
-        waiter *next = list->next;
-        kw_warm_job *job = list->job;
-        kw__warm_deliver(w, job, list->index, o->status, o->rc, o->log,
-                         next != NULL);
-        kw_warm_job_release(job); /* the waiter's reference */
-        free(list);
-        list = next;
-    }
-    free(f);
-}
-
 /* Stopping: takes the whole queue (w->mu held, released on return) and
  * reports every waiter cancelled, in one run per job where possible, so a
  * streaming caller sends few frames for 100,000 cancelled keys. */
@@ -226,7 +131,7 @@ static void cancel_queue(kw_warm *w)
     kw_queue_node *n = kw_queue_take(&w->compile_q, 0, NULL);
     w->nqueued = 0;
     for (kw_queue_node *p = n; p != NULL; p = p->next)
-        table_remove(w, KW_QUEUE_ENTRY(p, flight, qnode));
+        kw__warm_table_remove(w, KW_QUEUE_ENTRY(p, flight, qnode));
     pthread_mutex_unlock(&w->mu);
     flight *list = n ? KW_QUEUE_ENTRY(n, flight, qnode) : NULL;
     while (list != NULL) {
@@ -267,7 +172,7 @@ void *kw__warm_compile_main(void *arg)
          * submitted later starts a new flight instead of joining this. */
         bool skip = w->stopping || unwanted(f);
         if (skip)
-            table_remove(w, f);
+            kw__warm_table_remove(w, f);
         pthread_mutex_unlock(&w->mu);
         outcome o = {KW_WARM_CANCELLED, -ECANCELED, NULL};
         if (skip || !run_flight(w, f, &o))

@@ -8,6 +8,7 @@
 #include <stdio.h>
 
 #include "kw_queue.h"
+#include "kw_remote.h"
 #include "kw_warm.h"
 #include "pool.h"
 
@@ -49,7 +50,8 @@ struct kw_warm_job {
 
 typedef struct warm_counters {
     _Atomic uint64_t keys, hits, misses, joined, remote_hits, compiles,
-        compile_failures, store_failures, cancelled, compiling;
+        compile_failures, store_failures, cancelled, compiling,
+        writebacks_dropped;
     /* by family (kw_warm_stats says what each means) */
     _Atomic uint64_t fam_compiles[KW_K_NFAMILIES], fam_failures[KW_K_NFAMILIES],
         fam_remote_hits[KW_K_NFAMILIES];
@@ -87,6 +89,16 @@ struct kw_warm {
     bool store_stop;
     pthread_t store_thread;
     bool have_store;
+    /* The write-back stage (writeback.c).  wb_mu guards wb_q, wb_n,
+     * wb_bytes, wb_items, wb_stop. */
+    pthread_mutex_t wb_mu;
+    pthread_cond_t wb_cv;
+    kw_queue wb_q;     /* of wb_item, by node */
+    size_t wb_n, wb_bytes; /* entries with a cubin queued, and its bytes */
+    size_t wb_items;       /* items queued or being written */
+    bool wb_stop;
+    pthread_t wb_thread;
+    bool have_wb;
     warm_counters st;
 };
 
@@ -100,9 +112,10 @@ void kw__warm_deliver(kw_warm *w, kw_warm_job *job, size_t i,
  * memory), the form cache/ takes. */
 uint8_t (*kw__warm_digests(const kw_keys_key *keys, size_t n))[KW_KEYS_DIGEST_LEN];
 
-/* The flight table (compile.c), w->mu held for each. */
+/* The flight table (flight.c), w->mu held for each. */
 int kw__warm_table_init(kw_warm *w);
 flight *kw__warm_table_find(kw_warm *w, const uint8_t *digest);
+void kw__warm_table_remove(kw_warm *w, flight *f);
 /* A new flight for k, in the table and at the tail of the compile queue;
  * NULL when out of memory. */
 flight *kw__warm_flight_new(kw_warm *w, const kw_keys_key *k);
@@ -118,14 +131,28 @@ typedef struct outcome {
 } outcome;
 
 /* Takes f out of the table (unless already out), serves every waiter with
- * o and frees f (compile.c).  No lock held. */
+ * o and frees f (flight.c).  No lock held. */
 void kw__warm_finish(kw_warm *w, flight *f, bool in_table, const outcome *o);
 
 /* The store stage (store.c): compiled flights wait here for a group
  * commit, so one LMDB transaction (one fsync) stores every result ready
  * at that moment, up to opts.store_batch.  push takes r's cubin and log. */
 void kw__warm_store_push(kw_warm *w, flight *f, kw__pool_result *r,
-                         const kw_cache_info *info);
+                         const kw_cache_info *info,
+                         const kw_remote_lease *lease);
 void *kw__warm_store_main(void *arg);
+
+/* The write-back stage (writeback.c): push queues the write-back of a
+ * compiled entry (*cubin of len bytes, taken when it fits the queue's
+ * bound, else left to the caller and counted in writebacks_dropped;
+ * cubin NULL: none) and the release of lease (when held), for the
+ * write-back thread, so that Redis never blocks a compile, a store or a
+ * result.  Never waits on Redis; any warm thread.  stop drains the
+ * queue, then joins the thread. */
+void kw__warm_writeback_push(kw_warm *w, const kw_remote_lease *lease,
+                             const kw_cache_info *info, void **cubin,
+                             size_t len);
+void *kw__warm_writeback_main(void *arg);
+void kw__warm_writeback_stop(kw_warm *w);
 
 #endif /* KW_WARM_INTERNAL_H */

@@ -121,10 +121,14 @@ typedef struct kw_warm_stats {
     uint64_t compiles;        /* flights compiled and stored */
     uint64_t compile_failures;/* flights whose compile failed */
     uint64_t store_failures;  /* compiled, but the put failed */
+    uint64_t writebacks_dropped; /* compiled, not written back to the
+                                    fleet: the write-back queue was full */
     uint64_t cancelled;       /* keys reported cancelled */
     uint64_t queued;          /* gauge: flights waiting for a worker */
     uint64_t compiling;       /* gauge: flights on a worker now */
     uint64_t jobs_active;     /* gauge: jobs with results still to come */
+    uint64_t writebacks_queued; /* gauge: fleet write-backs and lease
+                                   releases not yet done */
     /* Per family (kw_k_family): flights compiled and stored, compile
      * failures, fleet hits; each sums to compiles, compile_failures,
      * remote_hits. */
@@ -152,6 +156,17 @@ int kw_warm_open(kw_warm **out, const kw_warm_opts *o, char *err,
 int kw_warm_submit(kw_warm *w, const kw_keys_key *keys, size_t n,
                    unsigned flags, kw_warm_result_fn fn, void *arg,
                    kw_warm_job **job);
+
+/* The same without a copy: takes the malloc'd array *keys (and sets
+ * *keys to NULL) when it returns 0, so a caller holds no second copy of
+ * a large key set; on any error *keys is still the caller's. */
+int kw_warm_submit_take(kw_warm *w, kw_keys_key **keys, size_t n,
+                        unsigned flags, kw_warm_result_fn fn, void *arg,
+                        kw_warm_job **job);
+
+/* The keys of job, in submission order; valid until the handle is
+ * released. */
+const kw_keys_key *kw_warm_job_keys(const kw_warm_job *job);
 
 /* Cancels what of job is not yet compiling: its remaining keys are
  * reported cancelled (a flight others wait for still runs for them), a
@@ -229,6 +244,23 @@ int kw_warm_ls_page(kw_cache *c, const kw_warm_filter *f, uint8_t *from,
  * the reason in err, when one is pinned and !force; else 0 or the cache's
  * code with the entry at fault in err. */
 int kw_warm_evict(kw_cache *c, cJSON *doc, bool force, char *err, size_t errlen);
+
+/* Resolves hex, a digest of 64 hex digits or a unique prefix of at least
+ * 8 of a cached one (as git takes them), into out: 0; KW_EINVAL (not hex,
+ * or too short), KW_ENOTFOUND (no cached digest starts so) or
+ * KW_EAMBIGUOUS (the candidates follow, on one line), each with a
+ * one-line reason naming hex in err. */
+int kw_warm_digest(kw_cache *c, const char *hex,
+                   uint8_t out[KW_KEYS_DIGEST_LEN], char *err, size_t errlen);
+
+/* Removes the entry of digest (evict by digest): 0, KW_ENOTFOUND, or the
+ * cache's code with its reason in err. */
+int kw_warm_remove(kw_cache *c, const uint8_t digest[KW_KEYS_DIGEST_LEN],
+                   char *err, size_t errlen);
+
+/* The stats of the cache w works on (kw_cache_stats_get), for a caller
+ * that holds the pipeline.  Any thread. */
+int kw_warm_cache_stats(kw_warm *w, kw_cache_stats *out);
 
 /* {"pins": [{"name", "digests", "entries", "bytes", "created"}]}. */
 int kw_warm_pins(kw_cache *c, cJSON **out);

@@ -23,6 +23,8 @@ typedef struct stored {
     flight *f;
     kw__pool_result r; /* cubin and log owned */
     kw_cache_info info;
+    kw_remote_lease lease; /* the fleet's, when remote (held or not) */
+    bool remote;
     kw_queue_node node; /* in w->store_q, then in a group */
 } stored;
 
@@ -32,14 +34,21 @@ static stored *next_of(const stored *s)
 }
 
 void kw__warm_store_push(kw_warm *w, flight *f, kw__pool_result *r,
-                         const kw_cache_info *info)
+                         const kw_cache_info *info,
+                         const kw_remote_lease *lease)
 {
     stored *s = kw_calloc(1, sizeof *s);
     if (s == NULL) { /* cannot queue it: the key fails, nothing is lost */
         outcome o = {KW_WARM_FAILED, KW_ENOMEM, NULL};
         atomic_fetch_add(&w->st.store_failures, 1);
+        if (lease != NULL)
+            kw__warm_writeback_push(w, lease, NULL, NULL, 0);
         kw__warm_finish(w, f, true, &o);
         return;
+    }
+    if (lease != NULL) {
+        s->lease = *lease;
+        s->remote = true;
     }
     s->f = f;
     s->r = *r;
@@ -69,6 +78,14 @@ static void settle(kw_warm *w, stored *s, int rc)
         o.status = KW_WARM_FAILED;
         o.rc = rc;
     }
+    /* Written back whether or not the local put took it: the fleet has
+     * the compile either way.  Queued (never waiting on Redis) before the
+     * waiters are served, so a caller that saw its result finds the
+     * write-back counted in writebacks_queued.  Takes the cubin when the
+     * queue has room. */
+    if (s->remote)
+        kw__warm_writeback_push(w, &s->lease, &s->info, &s->r.cubin,
+                                s->r.cubin_len);
     kw__warm_finish(w, s->f, true, &o);
     free(o.log);
     kw__pool_result_destroy(&s->r);

@@ -19,68 +19,6 @@
 #include "kw_alloc.h"
 #include "kw_err.h"
 
-const char *kw_warm_status_name(kw_warm_status s)
-{
-    static const char *const names[] = {"hit", "remote_hit", "compiled",
-                                        "failed", "cancelled"};
-    return (unsigned)s < sizeof names / sizeof *names ? names[s] : "?";
-}
-
-const double *kw_warm_compile_bounds(void)
-{
-    /* NVRTC compiles of these kernels take 0.1 to 1 s (85 ms median on
-     * the H200 host); the limit (--compile-timeout) is 120 s by default. */
-    static const double b[KW_WARM_COMPILE_BUCKETS] = {
-        0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300};
-    return b;
-}
-
-/* ---- jobs and delivery ------------------------------------------------ */
-
-/* Drops one reference to job; the last one frees it. */
-static void job_unref(kw_warm_job *job)
-{
-    if (atomic_fetch_sub(&job->refs, 1) != 1)
-        return;
-    kw_cache_unprotect(job->guard);
-    pthread_mutex_destroy(&job->cb_mu);
-    free(job->keys);
-    free(job);
-}
-
-void kw__warm_deliver(kw_warm *w, kw_warm_job *job, size_t i,
-                      kw_warm_status st, int rc, const char *log, bool more)
-{
-    kw_warm_result r = {.job = job, .index = i, .key = &job->keys[i], .status = st,
-                        .rc = st == KW_WARM_FAILED ? rc : 0,
-                        .log = st == KW_WARM_FAILED ? log : NULL,
-                        .more = more};
-    if (st == KW_WARM_CANCELLED)
-        atomic_fetch_add(&w->st.cancelled, 1);
-    pthread_mutex_lock(&job->cb_mu);
-    r.last = --job->remaining == 0;
-    job->fn(&r, job->arg);
-    pthread_mutex_unlock(&job->cb_mu);
-    if (!r.last)
-        return;
-    kw_cache_unprotect(job->guard); /* done: its entries are evictable */
-    job->guard = NULL;
-    pthread_mutex_lock(&w->mu);
-    if (--w->jobs_active == 0)
-        pthread_cond_broadcast(&w->idle_cv);
-    pthread_mutex_unlock(&w->mu);
-    job_unref(job); /* the pipeline's reference */
-}
-
-/* The digests of n keys as one array (malloc'd), as cache/ takes them. */
-uint8_t (*kw__warm_digests(const kw_keys_key *keys, size_t n))[KW_KEYS_DIGEST_LEN]
-{
-    uint8_t (*d)[KW_KEYS_DIGEST_LEN] = kw_malloc((n ? n : 1) * sizeof *d);
-    for (size_t i = 0; d != NULL && i < n; i++)
-        memcpy(d[i], keys[i].digest, KW_KEYS_DIGEST_LEN);
-    return d;
-}
-
 /* Protects the digests of job's keys from eviction while it runs. */
 static int protect(kw_warm *w, kw_warm_job *job)
 {
@@ -99,22 +37,20 @@ static void intake_push_locked(kw_warm *w, kw_warm_job *job)
     pthread_cond_signal(&w->intake_cv);
 }
 
-int kw_warm_submit(kw_warm *w, const kw_keys_key *keys, size_t n,
-                   unsigned flags, kw_warm_result_fn fn, void *arg,
-                   kw_warm_job **out)
+/* Submits a job of the n keys at *keys: taken (*keys set to NULL) when
+ * it returns 0, else still the caller's. */
+static int submit(kw_warm *w, kw_keys_key **keys, size_t n, unsigned flags,
+                  kw_warm_result_fn fn, void *arg, kw_warm_job **out)
 {
     if (n == 0)
         return KW_EINVAL;
     kw_warm_job *job = kw_calloc(1, sizeof *job);
-    if (job == NULL || (job->keys = kw_malloc(n * sizeof *keys)) == NULL) {
-        free(job);
+    if (job == NULL)
         return KW_ENOMEM;
-    }
-    memcpy(job->keys, keys, n * sizeof *keys);
+    job->keys = *keys;
     job->n = job->remaining = n;
     if ((flags & KW_WARM_PROTECT) && protect(w, job) < 0) {
-        free(job->keys);
-        free(job);
+        free(job); /* the keys are still the caller's */
         return KW_ENOMEM;
     }
     job->flags = flags;
@@ -131,14 +67,42 @@ int kw_warm_submit(kw_warm *w, const kw_keys_key *keys, size_t n,
         if (out != NULL)
             *out = NULL;
         atomic_store(&job->refs, 1);
-        job_unref(job);
+        job->keys = NULL; /* still the caller's */
+        kw_warm_job_release(job);
         return -ECANCELED;
     }
+    *keys = NULL; /* the job's now */
     intake_push_locked(w, job);
     w->jobs_active++;
     atomic_fetch_add(&w->st.keys, n);
     pthread_mutex_unlock(&w->mu);
     return 0;
+}
+
+int kw_warm_submit(kw_warm *w, const kw_keys_key *keys, size_t n,
+                   unsigned flags, kw_warm_result_fn fn, void *arg,
+                   kw_warm_job **out)
+{
+    kw_keys_key *copy = n ? kw_malloc(n * sizeof *keys) : NULL;
+    if (n && copy == NULL)
+        return KW_ENOMEM;
+    if (copy != NULL)
+        memcpy(copy, keys, n * sizeof *keys);
+    int rc = submit(w, &copy, n, flags, fn, arg, out);
+    free(copy); /* NULL once taken */
+    return rc;
+}
+
+int kw_warm_submit_take(kw_warm *w, kw_keys_key **keys, size_t n,
+                        unsigned flags, kw_warm_result_fn fn, void *arg,
+                        kw_warm_job **out)
+{
+    return submit(w, keys, n, flags, fn, arg, out);
+}
+
+const kw_keys_key *kw_warm_job_keys(const kw_warm_job *job)
+{
+    return job->keys;
 }
 
 void kw_warm_job_cancel(kw_warm_job *job)
@@ -173,12 +137,6 @@ void kw_warm_job_resume(kw_warm_job *job)
     if (job->parked)
         unpark_locked(w, job);
     pthread_mutex_unlock(&w->mu);
-}
-
-void kw_warm_job_release(kw_warm_job *job)
-{
-    if (job != NULL)
-        job_unref(job);
 }
 
 /* ---- intake: lookups, then flights ------------------------------------ */
@@ -316,7 +274,7 @@ static void *intake_main(void *arg)
         if (left)
             requeue_locked(w, job);
         pthread_mutex_unlock(&w->mu);
-        job_unref(job);
+        kw_warm_job_release(job); /* the intake's reference */
         pthread_mutex_lock(&w->mu);
     }
     pthread_mutex_unlock(&w->mu);
@@ -336,6 +294,8 @@ static void warm_free(kw_warm *w)
     pthread_cond_destroy(&w->idle_cv);
     pthread_mutex_destroy(&w->store_mu);
     pthread_cond_destroy(&w->store_cv);
+    pthread_mutex_destroy(&w->wb_mu);
+    pthread_cond_destroy(&w->wb_cv);
     free(w);
 }
 
@@ -348,6 +308,11 @@ static int start_threads(kw_warm *w)
     if (pthread_create(&w->store_thread, NULL, kw__warm_store_main, w) != 0)
         return KW_ENOMEM;
     w->have_store = true;
+    if (w->o.remote != NULL) {
+        if (pthread_create(&w->wb_thread, NULL, kw__warm_writeback_main, w) != 0)
+            return KW_ENOMEM;
+        w->have_wb = true;
+    }
     for (; w->ncompilers < w->o.jobs; w->ncompilers++)
         if (pthread_create(&w->compilers[w->ncompilers], NULL,
                            kw__warm_compile_main, w) != 0)
@@ -372,6 +337,8 @@ int kw_warm_open(kw_warm **out, const kw_warm_opts *o, char *err,
     pthread_cond_init(&w->idle_cv, NULL);
     pthread_mutex_init(&w->store_mu, NULL);
     pthread_cond_init(&w->store_cv, NULL);
+    pthread_mutex_init(&w->wb_mu, NULL);
+    pthread_cond_init(&w->wb_cv, NULL);
     kw__pool_opts po = {.helper = o->helper, .jobs = w->o.jobs,
                         .timeout_ms = o->compile_timeout_ms,
                         .mem_limit = o->mem_limit};
@@ -415,6 +382,7 @@ void kw_warm_stats_get(kw_warm *w, kw_warm_stats *s)
     s->compiles = atomic_load(&w->st.compiles);
     s->compile_failures = atomic_load(&w->st.compile_failures);
     s->store_failures = atomic_load(&w->st.store_failures);
+    s->writebacks_dropped = atomic_load(&w->st.writebacks_dropped);
     s->cancelled = atomic_load(&w->st.cancelled);
     s->compiling = atomic_load(&w->st.compiling);
     for (size_t f = 0; f < KW_K_NFAMILIES; f++) {
@@ -429,6 +397,14 @@ void kw_warm_stats_get(kw_warm *w, kw_warm_stats *s)
     s->queued = w->nqueued;
     s->jobs_active = w->jobs_active;
     pthread_mutex_unlock(&w->mu);
+    pthread_mutex_lock(&w->wb_mu);
+    s->writebacks_queued = w->wb_items;
+    pthread_mutex_unlock(&w->wb_mu);
+}
+
+int kw_warm_cache_stats(kw_warm *w, kw_cache_stats *out)
+{
+    return kw_cache_stats_get(w->o.cache, out);
 }
 
 void kw_warm_close(kw_warm *w)
@@ -448,6 +424,9 @@ void kw_warm_close(kw_warm *w)
     pthread_mutex_unlock(&w->store_mu);
     if (w->have_store)
         pthread_join(w->store_thread, NULL);
+    /* The store stage queued its last write-backs: they are written (each
+     * Redis call bounded by its timeout), then the thread leaves. */
+    kw__warm_writeback_stop(w);
     /* Every job got its last callback: the intake reported its keys, the
      * compile threads drained their queue, the store stage its own. */
     warm_free(w);

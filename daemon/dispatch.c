@@ -1,4 +1,4 @@
-/* handlers.c: the loop thread's side of kwarmd's requests.
+/* dispatch.c: the loop thread's side of kwarmd's requests (handlers.h).
  *
  * The loop answers ping, and a get that hits, itself: both cost a bounded
  * amount whatever the request.  Everything whose cost grows with the
@@ -11,7 +11,7 @@
  * of the same name.  A request that fails on its own input gets an ERROR
  * frame and the connection stays open; only protocol errors close it.
  */
-#include "internal.h"
+#include "handlers.h"
 
 #include <errno.h>
 #include <math.h>
@@ -24,6 +24,7 @@
 #include "kw_alloc.h"
 #include "kw_err.h"
 #include "log.h"
+#include "metrics.h"
 
 static double now_s(void)
 {
@@ -32,16 +33,16 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-kw__conn *kw__req_conn(const kw__req *r)
-{
-    return r->conn;
-}
+static void request_end(kw__req *r);
 
 /* A request of c, holding a reference on c until it ends. */
 static kw__req *req_new(kw__conn *c, uint16_t type, const cJSON *hdr)
 {
+    size_t max = c->d->opts->max_output;
     kw__req *r = kw_calloc(1, sizeof *r);
-    if (r == NULL || (r->s = kw__stream_new(r, c->d->opts->max_output)) == NULL ||
+    if (r == NULL ||
+        (r->s = kw__stream_new(r, max, &c->d->stream_bytes,
+                               KW__STREAMS_TOTAL(max))) == NULL ||
         (hdr != NULL && (r->header = cJSON_Duplicate(hdr, 1)) == NULL)) {
         if (r != NULL)
             kw__stream_unref(r->s);
@@ -66,7 +67,10 @@ static kw__req *req_new(kw__conn *c, uint16_t type, const cJSON *hdr)
     return r;
 }
 
-void kw__daemon_request_end(kw__req *r)
+/* d->up.end: ends r after its final frame, on the loop thread: counts
+ * it, releases what it holds (its keys' charge, its warm job, its
+ * stream) and resumes its connection. */
+static void request_end(kw__req *r)
 {
     kw__conn *c = r->conn;
     kw__loop *l = c->l; /* c may be freed below */
@@ -94,7 +98,8 @@ void kw__daemon_request_end(kw__req *r)
     kw__loop_check_stop(l);
 }
 
-void kw__daemon_request_abort(kw__req *r)
+/* d->up.abort: r's connection closed; r stops what it can. */
+static void request_abort(kw__req *r)
 {
     atomic_store(&r->aborted, true); /* a warmup's next result cancels */
     kw__stream_abort(r->s); /* parked producers wake and stop */
@@ -102,7 +107,9 @@ void kw__daemon_request_abort(kw__req *r)
         kw_warm_job_cancel(r->job); /* nobody will read its results */
 }
 
-bool kw__daemon_run_job(kw__req *r)
+/* Runs r's handler once: true when it yielded on a full stream budget
+ * (its state kept in r->state), false when it is over or left to warm. */
+static bool run_handler(kw__req *r)
 {
     switch (r->type) {
     case KW_PROTO_KEYS:
@@ -133,9 +140,18 @@ bool kw__daemon_run_job(kw__req *r)
     return false;
 }
 
-void kw__daemon_refuse_job(kw__req *r)
+/* d->up.run, on a job thread: runs r's handler, or refuses r when the
+ * job threads are stopping.  A handler that yielded on a full budget goes
+ * on at once when room came meanwhile; else it is parked, and the loop
+ * queues it again (no job thread waits for a slow client). */
+static void run_job(kw__req *r, bool refuse)
 {
-    kw__req_error(r, -ECANCELED, "kwarmd is stopping");
+    if (refuse) {
+        kw__req_error(r, -ECANCELED, "kwarmd is stopping");
+        return;
+    }
+    while (run_handler(r) && kw__stream_park(r))
+        ;
 }
 
 /* Answers a ping; false when that was an error frame. */
@@ -188,6 +204,11 @@ static int get_reply(kw__conn *c, const uint8_t *digest, bool compiled,
 {
     kw_cache_view v;
     kw_cache_info info;
+    /* Straight to the cache, not through warm/: the zero-copy hit path,
+     * one borrow of the map per hit whose bytes go to the socket as they
+     * are (design.md section 6).  docs/perf.md, "Cache hit against
+     * compile": borrow + release 0.46 us p50 against 0.73 us for a
+     * checked copy (bench_cache); warm/ has no view to lend. */
     int rc = kw_cache_borrow(c->d->cache, digest, &v, &info);
     if (rc < 0) {
         if (report_miss || (rc != KW_ENOTFOUND && rc != KW_ECORRUPT))
@@ -211,79 +232,6 @@ static int get_reply(kw__conn *c, const uint8_t *digest, bool compiled,
         kw__hits_put(c->l, digest, &info, v.len, frame, len);
     kw__conn_send_view_frame(c, frame, len, true, &v); /* takes v, frame */
     return 0;
-}
-
-int kw__key_from_json(const cJSON *h, kw_keys_key *k, char *err, size_t errlen)
-{
-    const cJSON *fam = cJSON_GetObjectItemCaseSensitive(h, "family");
-    const cJSON *fields = cJSON_GetObjectItemCaseSensitive(h, "fields");
-    const cJSON *arch = cJSON_GetObjectItemCaseSensitive(h, "arch");
-    if (!cJSON_IsString(fam) || !cJSON_IsObject(fields) || !cJSON_IsString(arch) ||
-        kw_keys_family_from_name(fam->valuestring, &k->family) < 0 ||
-        snprintf(k->arch, sizeof k->arch, "%s", arch->valuestring) >= (int)sizeof k->arch) {
-        snprintf(err, errlen, "get: needs \"digest\", or a known \"family\", "
-                 "\"fields\" and \"arch\"");
-        return KW_EINVAL;
-    }
-    for (size_t i = 0; i < kw_keys_nfields(k->family); i++) {
-        const cJSON *v = cJSON_GetObjectItemCaseSensitive(fields,
-                                                          kw_keys_field_name(k->family, i));
-        /* Integers only, within int32 like every key field: a fraction
-         * must not truncate into another key's value. */
-        bool num = cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble) &&
-                   fabs(v->valuedouble) <= 2147483647.0;
-        if (!num && !cJSON_IsBool(v)) {
-            snprintf(err, errlen, "get: /fields/%s: missing or not an integer",
-                     kw_keys_field_name(k->family, i));
-            return KW_EINVAL;
-        }
-        k->fields[i] = cJSON_IsBool(v) ? cJSON_IsTrue(v) : (int64_t)v->valuedouble;
-    }
-    return kw_keys_digest(k, k->digest);
-}
-
-/* Reads a get's key: {"digest": HEX} or {"family", "fields": {...},
- * "arch"}.  *have_key says whether k is a whole key (compilable). */
-/* A digest of 64 hex digits, or a unique prefix of at least 8 of a cached
- * one (as git takes them): 0, or a code with the candidates or the rule
- * in err. */
-static int get_digest(kw_cache *c, const char *hex, uint8_t *out, char *err,
-                      size_t errlen)
-{
-    size_t n = 0, len = strlen(hex);
-    if (len == 64 && sodium_hex2bin(out, KW_KEYS_DIGEST_LEN, hex, 64, NULL, &n,
-                                    NULL) == 0 && n == KW_KEYS_DIGEST_LEN)
-        return 0;
-    char cand[600] = "";
-    int rc = len >= 8 && len < 64 ? kw_cache_find_prefix(c, hex, out, cand,
-                                                          sizeof cand)
-                                  : KW_EINVAL;
-    for (char *p = cand; (p = strchr(p, '\n')) != NULL;)
-        *p = ' '; /* one line: a client prints no control characters */
-    if (rc == KW_EAMBIGUOUS)
-        snprintf(err, errlen, "get: digest %.64s: ambiguous prefix, it starts: %s",
-                 hex, cand);
-    else if (rc == KW_ENOTFOUND)
-        snprintf(err, errlen, "get: digest %.64s: no cached digest starts so "
-                 "(a digest cannot be compiled: give family, fields and arch)",
-                 hex);
-    else if (rc < 0)
-        snprintf(err, errlen, "get: \"digest\" must be 64 hex digits, or a "
-                 "prefix of 8 or more");
-    return rc;
-}
-
-static int get_key(kw_cache *c, const cJSON *h, kw_keys_key *k, bool *have_key,
-                   char *err, size_t errlen)
-{
-    const cJSON *dg = cJSON_GetObjectItemCaseSensitive(h, "digest");
-    memset(k, 0, sizeof *k);
-    *have_key = false;
-    if (cJSON_IsString(dg))
-        return get_digest(c, dg->valuestring, k->digest, err, errlen);
-    int rc = kw__key_from_json(h, k, err, errlen);
-    *have_key = rc == 0;
-    return rc;
 }
 
 /* Records a get that missed (the cache, or the client's loaded set: kind),
@@ -354,7 +302,8 @@ static int handle_get(kw__conn *c, const cJSON *hdr, double t0)
     const cJSON *comp = cJSON_GetObjectItemCaseSensitive(hdr, "compile");
     int kind = miss_kind(hdr);
     int rc = kind < 0 ? KW_EINVAL
-                      : get_key(c->d->cache, hdr, &k, &have_key, err, sizeof err);
+                      : kw__req_get_key(c->d->cache, hdr, &k, &have_key, err,
+                                        sizeof err);
     if (kind < 0)
         snprintf(err, sizeof err, "get: \"miss\" must be \"runtime\" or "
                  "\"capture\"");
@@ -364,7 +313,7 @@ static int handle_get(kw__conn *c, const cJSON *hdr, double t0)
     }
     /* One lookup on the hit path; a miss (or a corrupt entry, queued for
      * removal) goes on to the warm pipeline when the key is whole. */
-    bool ro = kw_cache_is_read_only(c->d->cache);
+    bool ro = c->d->read_only;
     bool may_compile = have_key && !cJSON_IsFalse(comp) && !ro;
     rc = get_reply(c, k.digest, false, !may_compile && !ro && have_key);
     bool missed = rc == KW_ENOTFOUND || rc == KW_ECORRUPT;
@@ -394,7 +343,7 @@ static int handle_get(kw__conn *c, const cJSON *hdr, double t0)
         kw__conn_error(c, rc, rc == -ECANCELED ? "kwarmd is stopping" : NULL,
                        false);
         r->failed = true;
-        kw__daemon_request_end(r); /* counts it */
+        request_end(r); /* counts it */
     }
     return 1;
 }
@@ -411,7 +360,8 @@ static void offload(kw__conn *c, uint16_t type, const cJSON *hdr)
     kw__jobs_push(c->d, r); /* counted when it ends */
 }
 
-void kw__daemon_dispatch(kw__conn *c, const kw_msg *m)
+/* Serves one parsed request of c. */
+static void serve(kw__conn *c, const kw_msg *m)
 {
     switch (m->type) {
     case KW_PROTO_PING:
@@ -444,15 +394,23 @@ void kw__daemon_dispatch(kw__conn *c, const kw_msg *m)
     }
 }
 
-/* ---- evict's key, shared with requests.c through get_key ------------- */
-
-int kw__req_digest(kw_cache *c, const cJSON *h,
-                   uint8_t digest[KW_KEYS_DIGEST_LEN], char *err, size_t errlen)
+/* d->up.dispatch: serves m, with the test hooks armed around it when a
+ * test asks (KWARMD_TEST_FAIL_ALLOC, KWARMD_TEST_ALLOC_HOOK): an armed
+ * request that goes on is disarmed at its end (request_end). */
+static void dispatch(kw__conn *c, const kw_msg *m)
 {
-    kw_keys_key k;
-    bool have_key;
-    int rc = get_key(c, h, &k, &have_key, err, errlen);
-    if (rc == 0)
-        memcpy(digest, k.digest, KW_KEYS_DIGEST_LEN);
-    return rc;
+    kw__alloc_fail = kw__alloc_fail_type == m->type; /* tests only */
+    bool armed = kw__alloc_hook_arm(c->d, m->header);
+    serve(c, m);
+    if (armed && c->active != NULL)
+        c->active->alloc_armed = true; /* disarmed at its end */
+    else if (armed)
+        kw__alloc_hook_done(c->d);
+    kw__alloc_fail = false;
+}
+
+void kw__daemon_upcalls(kw__daemon *d)
+{
+    d->up = (kw__upcalls){.dispatch = dispatch, .abort = request_abort,
+                          .run = run_job, .end = request_end};
 }
