@@ -211,6 +211,18 @@ uint64_t kw__cli_u64(const struct cJSON *obj, const char *name);
  * -1 when it is not one (cli_ls.c). */
 int64_t kw__cli_age(const char *s);
 
+/* Input refused before any work (cli_check.c).  Each prints one line
+ * naming the flag, field or arch and what is allowed and returns
+ * KW_CLI_USAGE, else -1.  kw__cli_pin_check: a --pin name (NULL: none
+ * given, fine).  kw__cli_arch_check: every --arch of d against the archs
+ * the linked NVRTC builds (kw__cli_arch_one: one arch).  kw__cli_fields_check: a key's fields
+ * (kw_launch_nfields(fam) values) against launch/'s rules, naming the
+ * first field out of its range. */
+int kw__cli_pin_check(const char *cmd, const char *pin);
+int kw__cli_arch_check(const char *cmd, const kw_config_deploy *d);
+int kw__cli_arch_one(const char *cmd, const char *arch);
+int kw__cli_fields_check(const char *cmd, int fam, const int64_t *fields);
+
 /* The commands. */
 int kw__cli_keys(int argc, char **argv);
 int kw__cli_diff(int argc, char **argv);

@@ -127,6 +127,12 @@ static int key_from_flags(const get_opts *o, kw_keys_key *k)
                         kw_keys_family_name(k->family), nf);
             return -1;
         }
+    /* The family's own rules, before any compile: a key no kernel accepts
+     * is bad input, not a compile failure (issue 24). */
+    if (kw__cli_fields_check("get", (int)k->family, k->fields) >= 0)
+        return -1;
+    if (kw__cli_arch_one("get", k->arch) >= 0)
+        return -1;
     return kw_keys_digest(k, k->digest) < 0 ? -1 : 0;
 }
 

@@ -16,6 +16,7 @@
 
 #include "kw_client.h"
 #include "kw_err.h"
+#include "kw_launch.h"
 #include "kw_parse.h"
 #include "kw_proto.h"
 
@@ -262,7 +263,7 @@ typedef kw__cli_get_opts get_opts; /* where: the --socket path */
 /* Adds "name=value" of family f to obj: an integer, or true/false for a
  * boolean field.  Returns 0, or -1 after printing the error. */
 static int add_field(cJSON *obj, kw_k_family f, unsigned *seen,
-                     const char *name, const char *v)
+                     int64_t *vals, const char *name, const char *v)
 {
     size_t i = 0, n = kw_keys_nfields(f);
     while (i < n && strcmp(kw_keys_field_name(f, i), name) != 0)
@@ -280,9 +281,9 @@ static int add_field(cJSON *obj, kw_k_family f, unsigned *seen,
     bool is_bool = kw_keys_field_is_bool(f, i);
     int64_t x;
     if (is_bool && (strcmp(v, "true") == 0 || strcmp(v, "false") == 0))
-        cJSON_AddBoolToObject(obj, name, v[0] == 't');
+        cJSON_AddBoolToObject(obj, name, (vals[i] = v[0] == 't'));
     else if (kw_parse_i64(v, -(INT64_C(1) << 53), INT64_C(1) << 53, &x) == 0)
-        cJSON_AddNumberToObject(obj, name, (double)x);
+        cJSON_AddNumberToObject(obj, name, (double)(vals[i] = x));
     else {
         kw__cli_err("get", "--fields: %s: '%.32s' is not an integer%s", name,
                     v, is_bool ? " or true/false" : "");
@@ -291,10 +292,12 @@ static int add_field(cJSON *obj, kw_k_family f, unsigned *seen,
     return 0;
 }
 
-/* Splits "k=v,..." into the fields of family f, each checked, into obj. */
+/* Splits "k=v,..." into the fields of family f, each checked, into obj;
+ * then the key as a whole, by launch/'s rules, before kwarmd sees it. */
 static int add_fields(cJSON *obj, kw_k_family f, char *list)
 {
     unsigned seen = 0;
+    int64_t vals[KW_LAUNCH_MAX_FIELDS] = {0};
     for (char *save = NULL, *kv = strtok_r(list, ",", &save); kv != NULL;
          kv = strtok_r(NULL, ",", &save)) {
         char *eq = strchr(kv, '=');
@@ -303,7 +306,7 @@ static int add_fields(cJSON *obj, kw_k_family f, char *list)
             return -1;
         }
         *eq = '\0';
-        if (add_field(obj, f, &seen, kv, eq + 1) < 0)
+        if (add_field(obj, f, &seen, vals, kv, eq + 1) < 0)
             return -1;
     }
     for (size_t i = 0; i < kw_keys_nfields(f); i++)
@@ -313,7 +316,7 @@ static int add_fields(cJSON *obj, kw_k_family f, char *list)
                         kw_keys_family_name(f), kw_keys_nfields(f));
             return -1;
         }
-    return 0;
+    return kw__cli_fields_check("get", (int)f, vals) < 0 ? 0 : -1;
 }
 
 /* Turns --family/--fields into the JSON object kwarmd takes (*json, free
@@ -326,6 +329,8 @@ static int fields_json(const get_opts *o, char **json)
                     o->family);
         return KW_CLI_USAGE;
     }
+    if (kw__cli_arch_one("get", o->arch) >= 0)
+        return KW_CLI_USAGE;
     char *list = strdup(o->fields);
     cJSON *obj = cJSON_CreateObject();
     int rc = list && obj ? add_fields(obj, f, list) : -2;
@@ -338,21 +343,19 @@ static int fields_json(const get_opts *o, char **json)
     return rc == 0 ? -1 : rc == -1 ? KW_CLI_USAGE : KW_CLI_RUNTIME;
 }
 
-/* Fetches the kernel of o from c into *k; prints the failure. */
-static int get_fetch(const get_opts *o, kw_client *c, kw_client_kernel *k)
+/* Fetches the kernel of o (fields: its --fields as JSON, checked) from c
+ * into *k; prints the failure. */
+static int get_fetch(const get_opts *o, const char *fields, kw_client *c,
+                     kw_client_kernel *k)
 {
-    char *fields = NULL;
     int rc;
     if (o->digest != NULL) {
         rc = kw_client_get(c, o->digest, !o->no_compile, k);
     } else {
-        if ((rc = fields_json(o, &fields)) >= 0)
-            return rc;
         kw_client_set_timeout(c, 0); /* a compile takes what it takes */
         rc = kw_client_get_key(c, o->family, fields, o->arch,
                                !o->no_compile, k);
     }
-    free(fields);
     if (rc == KW_ENOTFOUND) {
         kw__cli_err("get", "%s: not cached in kwarmd at %s",
                     o->digest ? o->digest : o->family, kw_client_path(c));
@@ -378,11 +381,14 @@ int kw__cli_get_socket(int argc, char **argv)
     }
     kw_client *c = NULL;
     kw_client_kernel k = {0};
-    if ((rc = connect_to("get", o.where, &c)) != KW_CLI_OK)
+    char *fields = NULL; /* checked here, before kwarmd sees the key */
+    if (o.digest == NULL && (rc = fields_json(&o, &fields)) >= 0)
         return rc;
-    if ((rc = get_fetch(&o, c, &k)) == KW_CLI_OK)
+    if ((rc = connect_to("get", o.where, &c)) == KW_CLI_OK &&
+        (rc = get_fetch(&o, fields, c, &k)) == KW_CLI_OK)
         rc = kw__cli_put_cubin("get", o.out, k.cubin, k.len, k.family,
                                k.arch, k.entry);
+    free(fields);
     kw_client_kernel_destroy(&k);
     kw_client_close(c);
     return rc;
@@ -575,7 +581,7 @@ static int warmup_parse(warm_opts *o, int argc, char **argv)
         else
             return unknown_arg("warmup", argv[i]);
     }
-    return -1;
+    return kw__cli_pin_check("warmup", o->pin); /* before kwarmd works */
 }
 
 int kw__cli_warmup(int argc, char **argv)

@@ -130,7 +130,9 @@ int kw__cli_model_load(kw__cli_model *a, const char *cmd)
         kw__cli_err(cmd, "%s", err);
         return rc == KW_ENOMEM ? KW_CLI_RUNTIME : KW_CLI_USAGE;
     }
-    return KW_CLI_OK;
+    /* An arch NVRTC cannot build would fail every key later, one compile
+     * at a time, and count each as a compile failure (issue 24). */
+    return kw__cli_arch_check(cmd, &a->dep) < 0 ? KW_CLI_OK : KW_CLI_USAGE;
 }
 
 void kw__cli_model_destroy(kw__cli_model *a)

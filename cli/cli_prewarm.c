@@ -281,7 +281,7 @@ static int parse(kw__cli_model *a, prewarm_opts *o, int argc, char **argv)
         kw__cli_err("prewarm", "--remote and --remote-key-file go together");
         return KW_CLI_USAGE;
     }
-    return -1;
+    return kw__cli_pin_check("prewarm", o->pin); /* before any compile */
 }
 
 int kw__cli_prewarm(int argc, char **argv)
