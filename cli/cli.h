@@ -106,15 +106,21 @@ void kw__cli_print_stats(const struct kw_cache_stats *st, const char *dir,
                          bool json);
 
 /* Progress of a long command (cli_warm.c): a bar on a terminal, else a
- * line at most every KW__CLI_PROGRESS_S seconds; nothing when quiet. */
+ * line at most every KW__CLI_PROGRESS_S seconds; nothing when quiet.
+ * Each shows the keys settled so far by result (t, NULL: none yet), the
+ * time since kw__cli_progress_init() and an estimate of the time left. */
 #define KW__CLI_PROGRESS_S 2.0
 typedef struct kw__cli_progress {
     const char *label;
     bool tty, quiet;
-    double last; /* when the last line was printed */
+    double start, last; /* monotonic: started, and the last line printed */
 } kw__cli_progress;
+typedef struct kw__cli_tally {
+    size_t hits, compiled, failed, cancelled; /* hits: remote ones too */
+} kw__cli_tally;
 void kw__cli_progress_init(kw__cli_progress *p, const char *label, bool quiet);
-void kw__cli_progress_show(kw__cli_progress *p, size_t done, size_t n);
+void kw__cli_progress_show(kw__cli_progress *p, size_t done, size_t n,
+                           const kw__cli_tally *t);
 
 /* Prints one failed key: "kwarm CMD: FAMILY ARCH DIGEST16 failed: ERROR",
  * then its NVRTC log (may be NULL) as is. */
@@ -181,6 +187,14 @@ typedef struct kw__cli_opt {
 int kw__cli_parse(const char *cmd, int argc, char **argv,
                   const kw__cli_opt *opts, size_t nopts, const char **pos,
                   const char *usage);
+
+/* Connects to kwarmd at path (NULL: the default socket) for cmd.  Prints
+ * why not, saying "not a socket" for a path that is something else (exit
+ * 2) and how to start kwarmd when nothing listens there (exit 1); returns
+ * the exit code, else KW_CLI_OK with *c set (the caller closes it). */
+struct kw_client;
+int kw__cli_connect(const char *cmd, const char *path, int timeout_ms,
+                    struct kw_client **c);
 
 /* Sends the admin request `request` (ls, evict, pins, unpin, resize)
  * with header to kwarmd at sock (NULL: the default socket) and returns its

@@ -112,17 +112,39 @@ static int exit_for(int rc)
     }
 }
 
-/* Connects to path (NULL: the default); prints why not and returns the
- * exit code, else KW_CLI_OK with *c set. */
-static int connect_to(const char *cmd, const char *path, kw_client **c)
+int kw__cli_connect(const char *cmd, const char *path, int timeout_ms,
+                    kw_client **c)
 {
-    char err[512];
-    int rc = kw_client_connect(c, path, CLI_TIMEOUT_MS, err, sizeof err);
+    char err[512], def[KW_CLIENT_PATH_MAX];
+    const char *p = path ? path : kw_client_default_socket(def, sizeof def);
+    struct stat st;
+    /* Something that is not a socket: connect() would say "Connection
+     * refused", which sends one looking for a stopped daemon. */
+    if (p != NULL && stat(p, &st) == 0 && !S_ISSOCK(st.st_mode)) {
+        kw__cli_err(cmd, "cannot reach kwarmd: %s: not a socket%s", p,
+                    S_ISDIR(st.st_mode) ? " (a directory: name the socket "
+                                          "file in it)" : "");
+        return KW_CLI_USAGE;
+    }
+    int rc = kw_client_connect(c, path, timeout_ms, err, sizeof err);
+    if (rc == -ENOENT || rc == -ECONNREFUSED) {
+        kw__cli_err(cmd, "cannot reach kwarmd: %s; is it running? Start one "
+                    "with kwarmd --socket %s --cache DIR, or systemctl start "
+                    "kwarmd.socket; or name another with --socket or "
+                    "$KWARM_SOCKET", err, p ? p : "PATH");
+        return KW_CLI_RUNTIME;
+    }
     if (rc < 0) {
         kw__cli_err(cmd, "cannot reach kwarmd: %s", err);
         return exit_for(rc);
     }
     return KW_CLI_OK;
+}
+
+/* Connects to path (NULL: the default) for a short request. */
+static int connect_to(const char *cmd, const char *path, kw_client **c)
+{
+    return kw__cli_connect(cmd, path, CLI_TIMEOUT_MS, c);
 }
 
 /* Prints the failure of a request on c; returns its exit code. */
@@ -233,7 +255,13 @@ int kw__cli_stats_socket(int argc, char **argv)
         if (is_help(argv[i]))
             return print_usage(stats_usage, false);
         if (strcmp(argv[i], "--json") == 0 || strcmp(argv[i], "--prometheus") == 0) {
-            form = argv[i][2] == 'j' ? 1 : 2;
+            int f = argv[i][2] == 'j' ? 1 : 2;
+            if (form != 0 && form != f) {
+                kw__cli_err("stats", "--json and --prometheus: give one (two "
+                            "forms of the same counters)");
+                return KW_CLI_USAGE;
+            }
+            form = f;
             continue;
         }
         int rc = socket_arg("stats", argc, argv, &i, &path);
@@ -448,41 +476,63 @@ static int read_config(const char *path, char **text)
 /* What a warmup shows while it runs (arg of on_progress). */
 typedef struct warm_view {
     kw__cli_progress progress;
+    kw__cli_tally tally;  /* the results so far, by status */
     size_t failed_shown;
+    size_t read_only;     /* failed as "not cached (read-only cache)" */
 } warm_view;
 
 #define KW_CLI_MAX_FAILS 5 /* failures printed in full */
 
-/* Prints the failed keys of one PROGRESS frame's results (the first
- * KW_CLI_MAX_FAILS of the warmup, with their NVRTC logs). */
-static void show_failures(const cJSON *results, warm_view *v)
+/* True when a failed result is a read-only kwarmd's miss: nothing was
+ * compiled, so it is not printed as a compile failure. */
+static bool read_only_miss(const char *error)
 {
-    const cJSON *k;
-    cJSON_ArrayForEach(k, results) {
-        const char *st = cJSON_GetStringValue(
-            cJSON_GetObjectItemCaseSensitive(k, "status"));
-        if (st == NULL || strcmp(st, "failed") != 0 ||
-            v->failed_shown++ >= KW_CLI_MAX_FAILS)
-            continue;
-        const char *f[5] = {"family", "arch", "digest", "error", "log"}, *s[5];
-        for (size_t i = 0; i < 5; i++)
-            s[i] = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(k, f[i]));
-        kw__cli_print_failure("warmup", s[0] ? s[0] : "?", s[1] ? s[1] : "?",
-                              s[2] ? s[2] : "?", s[3] ? s[3] : "failed", s[4]);
-    }
+    return error != NULL && strcmp(error, kw_strerror(KW_EROFS)) == 0;
 }
 
-/* One PROGRESS frame: failures in full, then the progress display. */
+/* Counts one result by status; prints it when it is one of the first
+ * KW_CLI_MAX_FAILS compile failures of the warmup, with its NVRTC log. */
+static void tally_result(const cJSON *k, warm_view *v)
+{
+    const char *st = cJSON_GetStringValue(
+        cJSON_GetObjectItemCaseSensitive(k, "status"));
+    const char *f[5] = {"family", "arch", "digest", "error", "log"}, *s[5];
+    if (st == NULL)
+        return;
+    if (strcmp(st, "hit") == 0 || strcmp(st, "remote_hit") == 0)
+        v->tally.hits++;
+    else if (strcmp(st, "compiled") == 0)
+        v->tally.compiled++;
+    else if (strcmp(st, "cancelled") == 0)
+        v->tally.cancelled++;
+    if (strcmp(st, "failed") != 0)
+        return;
+    v->tally.failed++;
+    for (size_t i = 0; i < 5; i++)
+        s[i] = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(k, f[i]));
+    if (read_only_miss(s[3])) {
+        v->read_only++;
+        return;
+    }
+    if (v->failed_shown++ < KW_CLI_MAX_FAILS)
+        kw__cli_print_failure("warmup", s[0] ? s[0] : "?", s[1] ? s[1] : "?",
+                              s[2] ? s[2] : "?", s[3] ? s[3] : "failed", s[4]);
+}
+
+/* One PROGRESS frame: its results counted (failures in full), then the
+ * progress display. */
 static void on_progress(const char *progress_json, void *arg)
 {
     warm_view *v = arg;
     cJSON *p = cJSON_Parse(progress_json);
     const cJSON *done = cJSON_GetObjectItemCaseSensitive(p, "done");
     const cJSON *total = cJSON_GetObjectItemCaseSensitive(p, "total");
-    show_failures(cJSON_GetObjectItemCaseSensitive(p, "results"), v);
+    const cJSON *k;
+    cJSON_ArrayForEach(k, cJSON_GetObjectItemCaseSensitive(p, "results"))
+        tally_result(k, v);
     if (cJSON_IsNumber(done) && cJSON_IsNumber(total))
         kw__cli_progress_show(&v->progress, (size_t)done->valuedouble,
-                              (size_t)total->valuedouble);
+                              (size_t)total->valuedouble, &v->tally);
     cJSON_Delete(p);
 }
 
@@ -500,22 +550,30 @@ static int print_result(const char *json, const warm_opts *o, const char *path,
 {
     cJSON *res = cJSON_Parse(json);
     size_t failed = count_of(res, "failed"), cancelled = count_of(res, "cancelled");
+    size_t ro = v->read_only <= failed ? v->read_only : failed;
+    size_t compile_failed = failed - ro;
     if (o->json) {
         printf("%s\n", json);
     } else {
         const cJSON *secs = cJSON_GetObjectItemCaseSensitive(res, "seconds");
         printf("warmup: %zu keys: %zu compiled, %zu hits, %zu remote hits, "
-               "%zu failed in %.2f s (kwarmd at %s)\n", count_of(res, "keys"),
-               count_of(res, "compiled"), count_of(res, "hits"),
-               count_of(res, "remote_hits"), failed,
-               cJSON_IsNumber(secs) ? secs->valuedouble : 0.0, path);
+               "%zu failed, %zu cancelled in %.2f s (kwarmd at %s)\n",
+               count_of(res, "keys"), count_of(res, "compiled"),
+               count_of(res, "hits"), count_of(res, "remote_hits"), failed,
+               cancelled, cJSON_IsNumber(secs) ? secs->valuedouble : 0.0, path);
     }
-    if (failed > v->failed_shown || (failed > KW_CLI_MAX_FAILS))
-        kw__cli_err("warmup", "%zu key%s failed to compile (the first %d "
-                    "shown above)", failed, failed == 1 ? "" : "s",
-                    KW_CLI_MAX_FAILS);
+    if (ro > 0)
+        kw__cli_err("warmup", "%zu key%s not cached: kwarmd's cache is "
+                    "read-only and compiles nothing (warm the cache with kwarm "
+                    "prewarm, or through a kwarmd that can write it)", ro,
+                    ro == 1 ? "" : "s");
+    if (compile_failed > 0)
+        kw__cli_err("warmup", "%zu key%s failed to compile (%s shown above)",
+                    compile_failed, compile_failed == 1 ? "" : "s",
+                    compile_failed > KW_CLI_MAX_FAILS ? "the first 5" : "all");
     if (cancelled > 0)
-        kw__cli_err("warmup", "kwarmd stopped: %zu keys cancelled", cancelled);
+        kw__cli_err("warmup", "kwarmd stopped: %zu of %zu keys cancelled",
+                    cancelled, count_of(res, "keys"));
     const cJSON *pinned = cJSON_GetObjectItemCaseSensitive(res, "pinned");
     if (cJSON_IsFalse(pinned))
         kw__cli_err("warmup", "--pin %s: not recorded (%s)", o->pin,

@@ -253,9 +253,10 @@ int kw__cli_diff(int argc, char **argv)
     kw__cli_model_init(&a.a);
     kw__cli_model_init(&b.a);
     int rc = parse(&a, &b, &json, argc, argv);
-    if (rc < 0 && (rc = load(&a)) == KW_CLI_OK)
+    bool go = rc < 0; /* --help and bad flags end here, with their code */
+    if (go && (rc = load(&a)) == KW_CLI_OK)
         rc = load(&b);
-    if (rc == KW_CLI_OK) {
+    if (go && rc == KW_CLI_OK) {
         size_t oa = 0, ob = 0, common = 0;
         cJSON *doc = cJSON_CreateObject();
         cJSON *fam = families(&a, &b, &oa, &ob, &common);

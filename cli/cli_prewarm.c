@@ -84,7 +84,12 @@ static void on_result(const kw_warm_result *r, void *arg)
         kw__cli_print_failure("prewarm", kw_keys_family_name(r->key->family),
                               r->key->arch, hex, kw_strerror(r->rc), r->log);
     }
-    kw__cli_progress_show(&t->progress, t->done, t->total);
+    kw__cli_tally sum = {
+        .hits = t->count[KW_WARM_HIT] + t->count[KW_WARM_REMOTE_HIT],
+        .compiled = t->count[KW_WARM_COMPILED],
+        .failed = t->count[KW_WARM_FAILED],
+        .cancelled = t->count[KW_WARM_CANCELLED]};
+    kw__cli_progress_show(&t->progress, t->done, t->total, &sum);
     if (r->last) {
         pthread_mutex_lock(&t->lock);
         t->finished = true;
@@ -148,8 +153,9 @@ static int report(kw_cache *c, const tally *t, const kw_keys_set *set,
                cancelled, secs);
     } else {
         printf("prewarm: %zu keys: %zu compiled, %zu hits, %zu remote hits, "
-               "%zu failed in %.2f s\n", set->nkeys, t->count[KW_WARM_COMPILED],
-               t->count[KW_WARM_HIT], t->count[KW_WARM_REMOTE_HIT], failed, secs);
+               "%zu failed, %zu cancelled in %.2f s\n", set->nkeys,
+               t->count[KW_WARM_COMPILED], t->count[KW_WARM_HIT],
+               t->count[KW_WARM_REMOTE_HIT], failed, cancelled, secs);
         kw_cache_stats st;
         if (kw_cache_stats_get(c, &st) == 0)
             kw__cli_print_stats(&st, o->cache, false);
@@ -175,6 +181,39 @@ static int open_stores(const prewarm_opts *o, kw_cache **c, kw_remote **r)
     return KW_CLI_OK;
 }
 
+/* Says so when --max-size was given but the cache already stored
+ * another limit: the stored one is in force (only kwarm resize changes
+ * it), and a silent --max-size would look obeyed. */
+static void note_max_size(kw_cache *c, const prewarm_opts *o)
+{
+    kw_cache_stats st;
+    if (o->max_size == 0 || kw_cache_stats_get(c, &st) < 0 ||
+        st.max_size == o->max_size)
+        return;
+    kw__cli_err("prewarm", "warning: --max-size %llu not applied: %s already "
+                "stores a limit of %llu bytes, which stays in force (kwarm "
+                "resize --cache %s SIZE changes it)",
+                (unsigned long long)o->max_size, o->cache,
+                (unsigned long long)st.max_size, o->cache);
+}
+
+/* Says so when --remote was given but every call to it failed: the keys
+ * were compiled here and nothing was written back, which exit 0 alone
+ * would hide. */
+static void note_remote(kw_remote *r, const prewarm_opts *o)
+{
+    kw_remote_stats st;
+    if (r == NULL)
+        return;
+    kw_remote_stats_get(r, &st);
+    if (st.errors == 0 || st.hits + st.misses + st.puts > 0)
+        return;
+    kw__cli_err("prewarm", "warning: --remote %s: unreachable (%llu calls "
+                "failed); every key was looked up and compiled locally, "
+                "nothing was fetched or written back", o->remote,
+                (unsigned long long)st.errors);
+}
+
 /* Runs the prewarm proper once the keys are derived. */
 static int prewarm_keys(const kw_keys_set *set, const prewarm_opts *o)
 {
@@ -187,6 +226,7 @@ static int prewarm_keys(const kw_keys_set *set, const prewarm_opts *o)
     int rc = open_stores(o, &c, &remote);
     if (rc != KW_CLI_OK)
         return rc;
+    note_max_size(c, o);
     if (set->nkeys > 0 && kw_warm_plan_check(c, set->keys, set->nkeys, err,
                                              sizeof err) < 0) {
         kw__cli_err("prewarm", "%s: %s", o->cache, err);
@@ -200,6 +240,7 @@ static int prewarm_keys(const kw_keys_set *set, const prewarm_opts *o)
         rc = KW_CLI_RUNTIME;
     }
     kw_cache_flush(c);
+    note_remote(remote, o);
     if (rc == KW_CLI_OK)
         rc = report(c, &t, set, o, now() - t0);
     kw_remote_close(remote);

@@ -158,8 +158,8 @@ Test(daemon_warm, progress_lines_go_to_stderr_unless_quiet)
             argv[7] = q ? "--quiet" : NULL;
             int n = 0;
             char *err = stderr_of(argv, &n);
-            snprintf(want, sizeof want, "%s: %d/%d keys settled\n", argv[1], n,
-                     n);
+            snprintf(want, sizeof want, "%s: %d/%d keys settled (", argv[1],
+                     n, n);
             if (q)
                 cr_expect(strstr(err, "keys settled") == NULL,
                           "%s --quiet printed progress: %s", argv[1], err);

@@ -1,0 +1,225 @@
+/* test_cli_operator.c: what an operator meets in the first hour (issue
+ * 24): settings that are not in force say so, messages name what is
+ * wrong, and one exit-code rule holds for every command: 0 ok, 1 runtime
+ * failure, 2 bad input (missing files and paths included).
+ */
+#include "cli_util.h"
+
+TestSuite(cli_operator, .init = tmp_setup, .fini = tmp_teardown);
+
+/* A path under tmpdir (one of 4 static buffers). */
+static const char *at(const char *name)
+{
+    static char path[4][128];
+    static unsigned next;
+    char *p = path[next++ % 4];
+    snprintf(p, sizeof path[0], "%s/%s", tmpdir, name);
+    return p;
+}
+
+/* Expects exit `want` and needle on stderr. */
+static void expect_exit(const char *label, const char *const *args, int want,
+                        const char *needle)
+{
+    result r = kwarm(args);
+    cr_expect_eq(r.status, want, "[%s] exit %d, want %d: %s", label, r.status,
+                 want, r.err);
+    cr_expect(needle == NULL || strstr(r.err, needle) != NULL,
+              "[%s] stderr lacks \"%s\": %s", label, needle, r.err);
+    result_free(&r);
+}
+
+/* A cache with nothing in it yet: a get that misses creates it. */
+static const char *empty_cache(void)
+{
+    const char *c = at("cache");
+    cr_assert_eq(mkdir(c, 0700), 0);
+    result r = kwarm(ARGS("get", "--family", "dcp_stable_topk", "--fields",
+                          "topk=1,num_candidates=1", "--arch", "sm_90",
+                          "--cache", c, "-o", at("k"), "--no-compile"));
+    cr_assert_eq(r.status, 1, "%s", r.err);
+    result_free(&r);
+    return c;
+}
+
+/* ---- one exit-code rule ---------------------------------------------------- */
+
+/* Every command that reads a cache directory: a missing one, a file, a
+ * directory with no cache and a file that is not LMDB are bad input. */
+Test(cli_operator, every_cache_command_gives_2_for_a_path_that_is_no_cache)
+{
+    cr_assert_eq(mkdir(at("empty"), 0700), 0);
+    cr_assert_eq(mkdir(at("junk"), 0700), 0);
+    free(tmp_file("junk/data.mdb", "not lmdb, just bytes", 20));
+    free(tmp_file("file", "x", 1));
+    static const char *const cmds[] = {"stats", "ls", "pins", "evict",
+                                       "unpin", "resize"};
+    static const char *const paths[] = {"missing", "file", "empty", "junk"};
+    static const char *const why[] = {"No such file", "not a directory",
+                                      "no cache in", "not an LMDB file"};
+    for (size_t c = 0; c < N(cmds); c++)
+        for (size_t p = 0; p < N(paths); p++) {
+            char dir[128];
+            snprintf(dir, sizeof dir, "%s", at(paths[p]));
+            const char *const *args =
+                strcmp(cmds[c], "evict") == 0 ? ARGS(cmds[c], "--cache", dir, "--unpinned")
+                : strcmp(cmds[c], "unpin") == 0 ? ARGS(cmds[c], "--cache", dir, "x")
+                : strcmp(cmds[c], "resize") == 0 ? ARGS(cmds[c], "--cache", dir, "2G")
+                                                 : ARGS(cmds[c], "--cache", dir);
+            expect_bad_input(cmds[c], args, NEEDLES(why[p]));
+        }
+}
+
+/* --help on every command: exit 0, help on stdout, nothing run. */
+Test(cli_operator, every_command_help_exits_0_and_runs_nothing)
+{
+    static const char *const cmds[] = {"keys", "diff", "misses", "prewarm",
+        "get", "stats", "ls", "evict", "pins", "unpin", "resize", "warmup",
+        "ping", "verify"};
+    for (size_t i = 0; i < N(cmds); i++) {
+        result r = kwarm(ARGS(cmds[i], "--help"));
+        cr_expect_eq(r.status, 0, "%s --help: exit %d", cmds[i], r.status);
+        cr_expect(strncmp(r.out, "usage: kwarm ", 13) == 0, "%s: %s", cmds[i],
+                  r.out);
+        cr_expect_str_empty(r.err, "%s --help: %s", cmds[i], r.err);
+        result_free(&r);
+    }
+    /* diff ran an empty diff after its help (and printed "A:"). */
+    result r = kwarm(ARGS("diff", "--help"));
+    cr_expect(strstr(r.out, "\nA: ") == NULL && strstr(r.out, "\nB: ") == NULL,
+              "%s", r.out);
+    result_free(&r);
+}
+
+/* ---- messages -------------------------------------------------------------- */
+
+Test(cli_operator, get_o_empty_or_in_a_missing_directory_is_bad_input)
+{
+    const char *c = empty_cache();
+    expect_bad_input("-o ''", ARGS("get", "--digest", "0123456789abcdef",
+                     "--cache", c, "-o", ""), NEEDLES("-o", "empty path"));
+    expect_bad_input("-o missing/x", ARGS("get", "--digest", "0123456789abcdef",
+                     "--cache", c, "-o", at("nodir/k")),
+                     NEEDLES("nodir/k", "directory does not exist"));
+}
+
+Test(cli_operator, stats_json_and_prometheus_conflict)
+{
+    expect_bad_input("stats", ARGS("stats", "--socket", at("s"), "--json",
+                     "--prometheus"), NEEDLES("--json and --prometheus"));
+    expect_bad_input("stats", ARGS("stats", "--socket", at("s"),
+                     "--prometheus", "--json"), NEEDLES("--json and --prometheus"));
+}
+
+Test(cli_operator, a_socket_path_that_is_a_file_is_not_a_socket)
+{
+    free(tmp_file("plain", "x", 1));
+    static const char *const cmds[] = {"ping", "stats", "ls", "pins"};
+    for (size_t i = 0; i < N(cmds); i++)
+        expect_bad_input(cmds[i], ARGS(cmds[i], "--socket", at("plain")),
+                         NEEDLES("plain", "not a socket"));
+}
+
+Test(cli_operator, no_daemon_says_how_to_start_one)
+{
+    static const char *const cmds[] = {"ping", "stats", "ls", "pins"};
+    for (size_t i = 0; i < N(cmds); i++)
+        expect_exit(cmds[i], ARGS(cmds[i], "--socket", at("none.sock")), 1,
+                    "is it running? Start one with kwarmd --socket");
+}
+
+Test(cli_operator, max_model_len_message_fits_whether_it_was_given)
+{
+    expect_bad_input("given", ARGS("keys", "--model", V32, "--dcp-world", "2",
+                     "--max-model-len", "20000000"),
+                     NEEDLES("--max-model-len", "give a --max-model-len of at "
+                             "most 16777216"));
+}
+
+Test(cli_operator, ls_pinned_names_a_missing_pin_set)
+{
+    const char *c = empty_cache();
+    expect_exit("ls --pinned", ARGS("ls", "--cache", c, "--pinned", "TYPO"), 1,
+                "--pinned TYPO: no such pin set");
+}
+
+/* ---- settings that are not in force ---------------------------------------- */
+
+Test(cli_operator, deploy_takes_the_deployment_keys_json_prints)
+{
+    result r = kwarm(ARGS("keys", "--model", V32, "--dcp-world", "2", "--arch",
+                          "sm_90,sm_100", "--json"));
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cJSON *doc = cJSON_Parse(r.out);
+    char *dep = cJSON_PrintUnformatted(cJSON_GetObjectItem(doc, "deployment"));
+    char *path = tmp_file("dep.json", dep, strlen(dep));
+    result r2 = kwarm(ARGS("keys", "--model", V32, "--deploy", path, "--json"));
+    cr_expect_eq(r2.status, 0, "%s", r2.err);
+    cr_expect_str_eq(r2.out, r.out, "--deploy of keys --json's deployment "
+                     "derives other keys");
+    result_free(&r2);
+    free(path);
+    free(dep);
+    cJSON_Delete(doc);
+    result_free(&r);
+    /* An array that holds anything but arch names is still refused. */
+    char *bad = tmp_file("bad.json", "{\"arch\": [\"sm_90\", 7]}", 22);
+    expect_bad_input("arch [7]", ARGS("keys", "--model", V32, "--deploy", bad),
+                     NEEDLES("/arch"));
+    free(bad);
+}
+
+Test(cli_operator, prewarm_says_a_max_size_the_cache_does_not_take)
+{
+    cr_assert_eq(setenv("KWARM_TEST_INSTANT_COMPILE", "1", 1), 0);
+    const char *c = empty_cache(); /* stored limit: the default 1G */
+    result r = kwarm(ARGS("prewarm", "--model", V32, "--cache", c,
+                          "--max-size", "2G", "--quiet", "--jobs", "2"));
+    cr_expect_eq(r.status, 0, "%s", r.err);
+    cr_expect(strstr(r.err, "--max-size 2147483648 not applied") != NULL &&
+              strstr(r.err, "1073741824") != NULL, "%s", r.err);
+    result_free(&r);
+    /* The limit in force, given again: no warning. */
+    r = kwarm(ARGS("prewarm", "--model", V32, "--cache", c, "--max-size", "1G",
+                   "--quiet", "--jobs", "2"));
+    cr_expect_eq(r.status, 0, "%s", r.err);
+    cr_expect(strstr(r.err, "--max-size") == NULL, "%s", r.err);
+    result_free(&r);
+}
+
+Test(cli_operator, prewarm_says_the_fleet_tier_was_unreachable)
+{
+    cr_assert_eq(setenv("KWARM_TEST_INSTANT_COMPILE", "1", 1), 0);
+    char key[32];
+    memset(key, 7, sizeof key);
+    char *kf = tmp_file("fleet.key", key, sizeof key);
+    cr_assert_eq(chmod(kf, 0600), 0);
+    /* Port 1 on loopback: nothing listens, every call fails at once. */
+    result r = kwarm(ARGS("prewarm", "--model", V32, "--cache", at("c"),
+                          "--remote", "redis://127.0.0.1:1", "--remote-key-file",
+                          kf, "--quiet", "--jobs", "2"));
+    cr_expect_eq(r.status, 0, "%s", r.err);
+    cr_expect(strstr(r.err, "--remote redis://127.0.0.1:1: unreachable") != NULL &&
+              strstr(r.err, "compiled locally") != NULL, "%s", r.err);
+    result_free(&r);
+    free(kf);
+}
+
+/* ---- progress ---------------------------------------------------------------- */
+
+Test(cli_operator, progress_lines_split_hits_and_compiles_with_the_time)
+{
+    cr_assert_eq(setenv("KWARM_TEST_INSTANT_COMPILE", "1", 1), 0);
+    result r = kwarm(ARGS("prewarm", "--model", V32, "--cache", at("c"),
+                          "--jobs", "2"));
+    cr_expect_eq(r.status, 0, "%s", r.err);
+    cr_expect(strstr(r.err, "prewarm: 26/26 keys settled (0 hits, 26 compiled, "
+                            "0 failed; ") != NULL, "%s", r.err);
+    cr_expect(strstr(r.out, "26 compiled, 0 hits, 0 remote hits, 0 failed, 0 "
+                            "cancelled in") != NULL, "%s", r.out);
+    result_free(&r);
+    r = kwarm(ARGS("prewarm", "--model", V32, "--cache", at("c"), "--jobs", "2"));
+    cr_expect(strstr(r.err, "prewarm: 26/26 keys settled (26 hits, 0 compiled, "
+                            "0 failed; ") != NULL, "%s", r.err);
+    result_free(&r);
+}
