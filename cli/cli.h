@@ -237,6 +237,16 @@ int kw__cli_arch_check(const char *cmd, const kw_config_deploy *d);
 int kw__cli_arch_one(const char *cmd, const char *arch);
 int kw__cli_fields_check(const char *cmd, int fam, const int64_t *fields);
 
+/* "did you mean" (cli_suggest.c).  kw__cli_nearest: the candidate of
+ * cands[0..n) a few edits from word, or NULL.  kw__cli_unknown: prints
+ * "ARG: unknown argument" for cmd, naming the flag of help or more_help
+ * (either may be NULL) nearest to arg when one is near; returns
+ * KW_CLI_USAGE. */
+const char *kw__cli_nearest(const char *word, const char *const *cands,
+                            size_t n);
+int kw__cli_unknown(const char *cmd, const char *arg, const char *help,
+                    const char *more_help);
+
 /* The commands. */
 int kw__cli_keys(int argc, char **argv);
 int kw__cli_diff(int argc, char **argv);

@@ -44,9 +44,7 @@ int kw__cli_parse(const char *cmd, int argc, char **argv,
         } else if (pos != NULL && *pos == NULL && argv[i][0] != '-') {
             *pos = argv[i];
         } else {
-            kw__cli_err(cmd, "%s: unknown argument (see kwarm %s --help)",
-                        argv[i], cmd);
-            return KW_CLI_USAGE;
+            return kw__cli_unknown(cmd, argv[i], usage, NULL);
         }
     }
     return -1;

@@ -294,8 +294,7 @@ int kw__cli_get_parse(kw__cli_get_opts *o, int argc, char **argv,
         while (f < nflags && !kw__cli_is(argv[i], flags[f].flag))
             f++;
         if (f == nflags) {
-            kw__cli_err("get", "%s: unknown argument (see kwarm get --help)", argv[i]);
-            return KW_CLI_USAGE;
+            return kw__cli_unknown("get", argv[i], get_usage, NULL);
         }
         if (*flags[f].slot != NULL) {
             kw__cli_err("get", "%s: given more than once", flags[f].flag);
@@ -474,9 +473,7 @@ int kw__cli_stats(int argc, char **argv)
             if ((dir = kw__cli_value("stats", argc, argv, &i)) == NULL)
                 return KW_CLI_USAGE;
         } else {
-            kw__cli_err("stats", "%s: unknown argument (see kwarm stats --help)",
-                        argv[i]);
-            return KW_CLI_USAGE;
+            return kw__cli_unknown("stats", argv[i], stats_usage, NULL);
         }
     }
     kw_cache *c = NULL;

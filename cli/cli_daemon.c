@@ -169,11 +169,11 @@ static int socket_arg(const char *cmd, int argc, char **argv, int *i,
     return *path != NULL ? 1 : -KW_CLI_USAGE;
 }
 
-/* Prints "unknown argument" for cmd; returns KW_CLI_USAGE. */
-static int unknown_arg(const char *cmd, const char *arg)
+/* Prints "unknown argument" for cmd, with the nearest flag of its help
+ * (usage, and the --socket lines all three take); returns KW_CLI_USAGE. */
+static int unknown_arg(const char *cmd, const char *arg, const char *usage)
 {
-    kw__cli_err(cmd, "%s: unknown argument (see kwarm %s --help)", arg, cmd);
-    return KW_CLI_USAGE;
+    return kw__cli_unknown(cmd, arg, usage, socket_help);
 }
 
 /* ---- ping ---------------------------------------------------------------- */
@@ -188,7 +188,7 @@ int kw__cli_ping(int argc, char **argv)
         if (rc < 0)
             return -rc;
         if (rc == 0)
-            return unknown_arg("ping", argv[i]);
+            return unknown_arg("ping", argv[i], ping_usage);
     }
     kw_client *c = NULL;
     char version[64];
@@ -268,7 +268,7 @@ int kw__cli_stats_socket(int argc, char **argv)
         if (rc < 0)
             return -rc;
         if (rc == 0)
-            return unknown_arg("stats", argv[i]);
+            return unknown_arg("stats", argv[i], stats_usage);
     }
     kw_client *c = NULL;
     char *reply = NULL;
@@ -637,7 +637,8 @@ static int warmup_parse(warm_opts *o, int argc, char **argv)
         else if (is_help(argv[i]))
             return print_usage(warmup_usage, true);
         else
-            return unknown_arg("warmup", argv[i]);
+            return kw__cli_unknown("warmup", argv[i], warmup_usage,
+                                   kw__cli_deploy_help);
     }
     return kw__cli_pin_check("warmup", o->pin); /* before kwarmd works */
 }

@@ -82,9 +82,8 @@ static int parse(side *a, side *b, bool *json, int argc, char **argv)
             printf("%s%s", diff_usage, kw__cli_deploy_help);
             return KW_CLI_OK;
         } else {
-            kw__cli_err("diff", "%s: unknown argument (see kwarm diff --help)",
-                        argv[i]);
-            return KW_CLI_USAGE;
+            return kw__cli_unknown("diff", argv[i], diff_usage,
+                                   kw__cli_deploy_help);
         }
     }
     if (against < 0) {

@@ -300,8 +300,7 @@ static int parse_one(prewarm_opts *o, int argc, char **argv, int *i)
         return take(str, argc, argv, i) ? -1 : KW_CLI_USAGE;
     if (kw__cli_is(arg, "--max-size") || kw__cli_is(arg, "--compile-timeout"))
         return take(&v, argc, argv, i) ? parse_number(o, arg, v) : KW_CLI_USAGE;
-    kw__cli_err("prewarm", "%s: unknown argument (see kwarm prewarm --help)", arg);
-    return KW_CLI_USAGE;
+    return kw__cli_unknown("prewarm", arg, prewarm_usage, kw__cli_deploy_help);
 }
 
 /* Parses prewarm's flags; returns -1 to go on, else an exit code. */

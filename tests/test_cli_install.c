@@ -251,3 +251,18 @@ Test(install, the_socket_outlives_the_service_and_the_group_reads_the_cache,
     free(sock);
     free(svc);
 }
+
+/* Issue 24: make install installs the bash completion and the man pages. */
+Test(install, completion_and_man_pages_are_installed, .init = setup,
+     .fini = teardown)
+{
+    install();
+    static const char *const files[] = {
+        "share/bash-completion/completions/kwarm", "share/man/man1/kwarm.1",
+        "share/man/man8/kwarmd.8"};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        char path[256];
+        snprintf(path, sizeof path, "%s/%s", prefix, files[i]);
+        cr_expect_eq(access(path, R_OK), 0, "%s: %s", path, strerror(errno));
+    }
+}

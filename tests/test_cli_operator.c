@@ -223,3 +223,44 @@ Test(cli_operator, progress_lines_split_hits_and_compiles_with_the_time)
                             "0 failed; ") != NULL, "%s", r.err);
     result_free(&r);
 }
+
+/* ---- help and "did you mean" --------------------------------------------------- */
+
+Test(cli_operator, help_cmd_prints_that_commands_help)
+{
+    static const char *const cmds[] = {"prewarm", "get", "stats", "warmup"};
+    for (size_t i = 0; i < N(cmds); i++) {
+        result a = kwarm(ARGS("help", cmds[i]));
+        result b = kwarm(ARGS(cmds[i], "--help"));
+        cr_expect_eq(a.status, 0, "help %s: %s", cmds[i], a.err);
+        cr_expect_str_eq(a.out, b.out, "kwarm help %s differs from --help",
+                         cmds[i]);
+        result_free(&a);
+        result_free(&b);
+    }
+    result r = kwarm(ARGS("help"));
+    cr_expect(r.status == 0 && strstr(r.out, "Commands:") != NULL, "%s", r.out);
+    result_free(&r);
+    expect_bad_input("help typo", ARGS("help", "prewram"),
+                     NEEDLES("'prewram'", "did you mean 'prewarm'"));
+}
+
+Test(cli_operator, a_mistyped_command_or_flag_gets_did_you_mean)
+{
+    expect_bad_input("prewram", ARGS("prewram"), NEEDLES("did you mean 'prewarm'"));
+    expect_bad_input("stast", ARGS("stast"), NEEDLES("did you mean 'stats'"));
+    expect_bad_input("far", ARGS("zzzzzzzz"), NEEDLES("unknown command"));
+    result r = kwarm(ARGS("zzzzzzzz"));
+    cr_expect(strstr(r.err, "did you mean") == NULL, "%s", r.err);
+    result_free(&r);
+    expect_bad_input("--cahce", ARGS("prewarm", "--model", V32, "--cahce", "x"),
+                     NEEDLES("--cahce: unknown argument", "did you mean --cache?"));
+    expect_bad_input("--dcp-wrld", ARGS("keys", "--dcp-wrld", "2"),
+                     NEEDLES("did you mean --dcp-world?"));
+    expect_bad_input("--pined", ARGS("ls", "--pined", "x"),
+                     NEEDLES("did you mean --pinned?"));
+    expect_bad_input("--sockt", ARGS("ping", "--sockt", "x"),
+                     NEEDLES("did you mean --socket?"));
+    expect_bad_input("--bogus", ARGS("keys", "--bogus"),
+                     NEEDLES("--bogus: unknown argument (see kwarm keys --help)"));
+}
