@@ -16,7 +16,10 @@ enum { KW_CLI_OK = 0, KW_CLI_RUNTIME = 1, KW_CLI_USAGE = 2 };
 
 /* The model and deployment options every key-deriving command takes. */
 typedef struct kw__cli_model {
-    const char *model;       /* --model */
+    const char *model;       /* --model ("-": standard input) */
+    char *text;              /* the config read from standard input, or
+                                NULL (owned; NUL-terminated) */
+    size_t text_len;
     const char *deploy_file; /* --deploy */
     kw_config_deploy dep;    /* flags, then resolved */
     kw_config_model cfg;     /* loaded by kw__cli_model_load() */
@@ -54,8 +57,10 @@ void kw__cli_model_init(kw__cli_model *a);
 int kw__cli_model_arg(kw__cli_model *a, const char *cmd, int argc, char **argv,
                       int *i);
 
-/* Loads --deploy, the config and resolves the deployment.  Prints one
- * error line and returns KW_CLI_USAGE on bad input, else KW_CLI_OK. */
+/* Loads --deploy, the config (--model -: read from standard input, which
+ * must not be a terminal, into a->text) and resolves the deployment.
+ * Prints one error line and returns KW_CLI_USAGE on bad input, else
+ * KW_CLI_OK. */
 int kw__cli_model_load(kw__cli_model *a, const char *cmd);
 
 /* Frees what a owns. */

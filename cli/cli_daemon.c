@@ -473,6 +473,23 @@ static int read_config(const char *path, char **text)
     return -1;
 }
 
+/* The config --model - read, as the request's text (*text, free it):
+ * within one protocol header, as read_config() checks a file.  Returns
+ * -1 to go on, else an exit code. */
+static int stdin_config(const kw__cli_model *a, char **text)
+{
+    if (a->text_len > KW_PROTO_MAX_HEADER) {
+        kw__cli_err("warmup", "--model -: over %u bytes, more than a kwarmd "
+                    "request holds (use kwarm prewarm)", KW_PROTO_MAX_HEADER);
+        return KW_CLI_USAGE;
+    }
+    if ((*text = strdup(a->text)) == NULL) {
+        kw__cli_err("warmup", "%s", kw_strerror(KW_ENOMEM));
+        return KW_CLI_RUNTIME;
+    }
+    return -1;
+}
+
 /* What a warmup shows while it runs (arg of on_progress). */
 typedef struct warm_view {
     kw__cli_progress progress;
@@ -594,9 +611,10 @@ static int warmup_run(warm_opts *o, const char *config, const char *dep)
     if (rc != KW_CLI_OK)
         return rc;
     kw_client_set_timeout(c, (int)(o->wait_s * 1000));
-    rc = o->pin ? kw_client_warmup_pin(c, config, dep, o->a.model, o->pin,
+    const char *name = o->a.text ? "stdin" : o->a.model;
+    rc = o->pin ? kw_client_warmup_pin(c, config, dep, name, o->pin,
                                        on_progress, &v, &result)
-                : kw_client_warmup(c, config, dep, o->a.model, on_progress, &v,
+                : kw_client_warmup(c, config, dep, name, on_progress, &v,
                                    &result);
     if (rc == -ETIMEDOUT)
         kw__cli_err("warmup", "kwarmd at %s sent nothing for %u s, not even the "
@@ -653,7 +671,8 @@ int kw__cli_warmup(int argc, char **argv)
     /* Load locally first: bad input gets kwarm keys' exact message and
      * exit 2 without a daemon in the loop. */
     if (rc < 0 && (rc = kw__cli_model_load(&o.a, "warmup")) == KW_CLI_OK)
-        rc = read_config(o.a.model, &config);
+        rc = o.a.text ? stdin_config(&o.a, &config)
+                      : read_config(o.a.model, &config);
     if (rc < 0 && (dep = deploy_json(&o.a.dep)) == NULL) {
         kw__cli_err("warmup", "%s", kw_strerror(KW_ENOMEM));
         rc = KW_CLI_RUNTIME;

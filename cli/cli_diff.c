@@ -90,6 +90,12 @@ static int parse(side *a, side *b, bool *json, int argc, char **argv)
         kw__cli_err("diff", "--against: required (see kwarm diff --help)");
         return KW_CLI_USAGE;
     }
+    if (a->a.model && strcmp(a->a.model, "-") == 0 &&
+        strcmp(b->a.model, "-") == 0) {
+        kw__cli_err("diff", "--model - and --against -: standard input holds "
+                    "one config; name a file for the other");
+        return KW_CLI_USAGE;
+    }
     /* No deployment after --against: B takes A's flags. */
     if (b->a.dep.given == 0 && b->a.deploy_file == NULL)
         for (int i = 1; i < against; i++) {

@@ -26,7 +26,7 @@
 static const char prewarm_usage[] =
     "usage: kwarm prewarm --model CONFIG.json [DEPLOYMENT] --cache DIR\n"
     "                     [--jobs N] [--pin NAME] [--max-size SIZE] [--json]\n"
-    "                     [--quiet] [--compile-timeout S]\n"
+    "                     [--quiet] [--compile-timeout S] [--compile-memory SIZE]\n"
     "                     [--remote redis://HOST:PORT[/DB] --remote-key-file F]\n"
     "\n"
     "Compiles every missing key of the model and deployment into the cache\n"
@@ -46,6 +46,8 @@ static const char prewarm_usage[] =
     "                             \"seconds\"} instead of the summary\n"
     "  --quiet                    no progress on stderr\n"
     "  --compile-timeout S        a compile running longer fails (120)\n"
+    "  --compile-memory SIZE      address space of a compile worker, at least\n"
+    "                             64M; past it the compile fails (4G)\n"
     "  --remote URL               fleet tier: fetch keys other nodes compiled,\n"
     "                             write back what this prewarm compiles\n"
     "  --remote-key-file F        the fleet's HMAC key file (with --remote)\n"
@@ -55,7 +57,7 @@ static const char prewarm_usage[] =
 typedef struct prewarm_opts {
     const char *cache, *pin, *remote, *remote_key;
     unsigned jobs, timeout_s;
-    uint64_t max_size;
+    uint64_t max_size, mem_limit; /* 0: the defaults */
     bool json, quiet;
 } prewarm_opts;
 
@@ -112,6 +114,7 @@ static int run_warm(kw_cache *c, kw_remote *remote, const kw_keys_set *set,
 {
     kw_warm_opts wo = {.cache = c, .remote = remote, .jobs = o->jobs,
                        .compile_timeout_ms = o->timeout_s * 1000,
+                       .mem_limit = o->mem_limit,
                        .verify_hits = true};
     kw_warm *w = NULL;
     char err[512];
@@ -254,10 +257,19 @@ static bool take(const char **dst, int argc, char **argv, int *i)
     return (*dst = kw__cli_value("prewarm", argc, argv, i)) != NULL;
 }
 
-/* Parses --max-size and --compile-timeout; -1 to go on, else exit code. */
+/* Parses --max-size, --compile-memory and --compile-timeout; -1 to go
+ * on, else exit code.  --compile-memory has kwarmd's bound (64M). */
 static int parse_number(prewarm_opts *o, const char *arg, const char *v)
 {
     uint64_t n;
+    if (kw__cli_is(arg, "--compile-memory")) {
+        if (kw_parse_size(v, &o->mem_limit) == 0 &&
+            o->mem_limit >= (UINT64_C(64) << 20))
+            return -1;
+        kw__cli_err("prewarm", "--compile-memory: '%.32s' is not a size of at "
+                    "least 64M (bytes, or with K, M, G)", v);
+        return KW_CLI_USAGE;
+    }
     if (kw__cli_is(arg, "--max-size")) {
         if (kw_parse_size(v, &o->max_size) == 0 &&
             o->max_size >= KW_CACHE_MIN_SIZE)
@@ -298,7 +310,8 @@ static int parse_one(prewarm_opts *o, int argc, char **argv, int *i)
                                                               : NULL;
     if (str != NULL)
         return take(str, argc, argv, i) ? -1 : KW_CLI_USAGE;
-    if (kw__cli_is(arg, "--max-size") || kw__cli_is(arg, "--compile-timeout"))
+    if (kw__cli_is(arg, "--max-size") || kw__cli_is(arg, "--compile-timeout") ||
+        kw__cli_is(arg, "--compile-memory"))
         return take(&v, argc, argv, i) ? parse_number(o, arg, v) : KW_CLI_USAGE;
     return kw__cli_unknown("prewarm", arg, prewarm_usage, kw__cli_deploy_help);
 }

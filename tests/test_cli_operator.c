@@ -264,3 +264,60 @@ Test(cli_operator, a_mistyped_command_or_flag_gets_did_you_mean)
     expect_bad_input("--bogus", ARGS("keys", "--bogus"),
                      NEEDLES("--bogus: unknown argument (see kwarm keys --help)"));
 }
+
+/* ---- --model - and --compile-memory ------------------------------------------ */
+
+/* Runs `kwarm ARGS... < file` through /bin/sh; stdout in *out. */
+static int kwarm_stdin(const char *file, const char *args, char **out,
+                       char **err)
+{
+    char script[512];
+    snprintf(script, sizeof script, "exec \"$0\" %s < \"$1\"", args);
+    const char *argv[] = {"/bin/sh", "-c", script, KW_KWARM_BIN, file, NULL};
+    return kw_test_run(argv, out, err);
+}
+
+Test(cli_operator, model_dash_reads_the_config_from_stdin)
+{
+    char *out = NULL, *err = NULL;
+    cr_expect_eq(kwarm_stdin(V32, "keys --model - --json", &out, &err), 0, "%s",
+                 err);
+    cJSON *a = cJSON_Parse(out);
+    free(out);
+    free(err);
+    result r = kwarm(ARGS("keys", "--model", V32, "--json"));
+    cJSON *b = cJSON_Parse(r.out);
+    cr_assert(a && b, "not JSON");
+    cr_expect(cJSON_Compare(cJSON_GetObjectItem(a, "keys"),
+                            cJSON_GetObjectItem(b, "keys"), true),
+              "--model - derives other keys than --model FILE");
+    cr_expect_str_eq(cJSON_GetStringValue(cJSON_GetObjectItem(a, "model")),
+                     "<stdin>");
+    cJSON_Delete(a);
+    cJSON_Delete(b);
+    result_free(&r);
+    /* Empty input is a config that is not there; two reads of one stdin
+     * are refused. */
+    cr_expect_eq(kwarm_stdin("/dev/null", "keys --model -", &out, &err), 2);
+    cr_expect(strstr(err, "<stdin>") != NULL, "%s", err);
+    free(out);
+    free(err);
+    cr_expect_eq(kwarm_stdin(V32, "diff --model - --against -", &out, &err), 2);
+    cr_expect(strstr(err, "standard input holds one config") != NULL, "%s", err);
+    free(out);
+    free(err);
+}
+
+Test(cli_operator, prewarm_takes_compile_memory_as_kwarmd_does)
+{
+    expect_bad_input("63M", ARGS("prewarm", "--model", V32, "--cache", at("c"),
+                     "--compile-memory", "63M"),
+                     NEEDLES("--compile-memory", "at least 64M"));
+    /* 64M of address space: NVRTC cannot even start, so every key fails
+     * with the reason; the limit reached the workers. */
+    result r = kwarm(ARGS("prewarm", "--model", V32, "--cache", at("c"),
+                          "--compile-memory", "64M", "--jobs", "1", "--quiet"));
+    cr_expect_eq(r.status, 1, "%s", r.err);
+    cr_expect(strstr(r.out, "26 failed") != NULL, "%s", r.out);
+    result_free(&r);
+}
