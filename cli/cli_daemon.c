@@ -218,6 +218,9 @@ static void print_stats(const char *json, const char *path)
     for (const cJSON *it = st ? st->child : NULL; it != NULL; it = it->next)
         if (cJSON_IsNumber(it))
             printf("  %-*s %.0f\n", w, it->string, it->valuedouble);
+        else if (cJSON_IsBool(it)) /* read_only, as stats --cache prints it */
+            printf("  %-*s %s\n", w, it->string, cJSON_IsTrue(it) ? "true"
+                                                                  : "false");
     cJSON_Delete(st);
 }
 

@@ -71,3 +71,20 @@ Test(cli_ro_daemon, a_warmup_of_misses_is_not_a_compile_failure)
     free(err);
     kwd_stop(&d);
 }
+
+/* The README says stats --socket shows read_only: it printed only the
+ * numbers (issue 24). */
+Test(cli_ro_daemon, stats_through_kwarmd_says_read_only)
+{
+    kwd d;
+    ro_daemon(&d);
+    const char *st[] = {"stats", "--socket", d.sock, NULL};
+    char *out = NULL, *err = NULL;
+    cr_expect_eq(kw_test_kwarm(st, &out, &err), 0, "%s", err);
+    const char *p = strstr(out, "  read_only ");
+    cr_expect(p != NULL && strncmp(p + 12 + strspn(p + 12, " "), "true\n", 5) == 0,
+              "%s", out);
+    free(out);
+    free(err);
+    kwd_stop(&d);
+}
