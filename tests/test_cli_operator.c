@@ -321,3 +321,34 @@ Test(cli_operator, prewarm_takes_compile_memory_as_kwarmd_does)
     cr_expect(strstr(r.out, "26 failed") != NULL, "%s", r.out);
     result_free(&r);
 }
+
+/* The exit-code rule over every command `kwarm --help` lists: an unknown
+ * flag and a missing --model file are bad input (2), one line each. */
+Test(cli_operator, every_command_gives_2_for_an_unknown_flag_or_a_missing_file)
+{
+    setenv("KWARM_SOCKET", "/nonexistent/kwarm-operator.sock", 1);
+    result h = kwarm(ARGS("--help"));
+    const char *p = strstr(h.out, "Commands:\n");
+    cr_assert_not_null(p);
+    size_t n = 0;
+    for (p += 10; strncmp(p, "  ", 2) == 0; p = strchr(p, '\n') + 1) {
+        char cmd[32];
+        snprintf(cmd, sizeof cmd, "%.*s", (int)strcspn(p + 2, " "), p + 2);
+        expect_bad_input(cmd, ARGS(cmd, "--no-such-flag"),
+                         NEEDLES("--no-such-flag: unknown argument"));
+        n++;
+    }
+    cr_expect_geq(n, 14, "only %zu commands", n);
+    result_free(&h);
+    const char *missing = "/nonexistent/config.json";
+    const char *const *cases[] = {
+        ARGS("keys", "--model", missing),
+        ARGS("diff", "--model", missing, "--against", V32),
+        ARGS("diff", "--model", V32, "--against", missing),
+        ARGS("prewarm", "--model", missing, "--cache", at("c")),
+        ARGS("warmup", "--model", missing),
+        ARGS("verify", "--model", missing),
+        ARGS("keys", "--model", V32, "--deploy", missing)};
+    for (size_t i = 0; i < N(cases); i++)
+        expect_bad_input(cases[i][0], cases[i], NEEDLES("/nonexistent/config.json"));
+}
