@@ -472,6 +472,12 @@ int kw__cli_stats(int argc, char **argv)
         else if (kw__cli_is(argv[i], "--cache")) {
             if ((dir = kw__cli_value("stats", argc, argv, &i)) == NULL)
                 return KW_CLI_USAGE;
+        } else if (strcmp(argv[i], "--prometheus") == 0 ||
+                   kw__cli_is(argv[i], "--socket")) {
+            kw__cli_err("stats", "%.*s: asks kwarmd, and --cache reads a "
+                        "directory: give one (kwarm stats --socket PATH "
+                        "--prometheus)", (int)strcspn(argv[i], "="), argv[i]);
+            return KW_CLI_USAGE;
         } else {
             return kw__cli_unknown("stats", argv[i], stats_usage, NULL);
         }

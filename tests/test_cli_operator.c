@@ -109,6 +109,10 @@ Test(cli_operator, stats_json_and_prometheus_conflict)
                      "--prometheus"), NEEDLES("--json and --prometheus"));
     expect_bad_input("stats", ARGS("stats", "--socket", at("s"),
                      "--prometheus", "--json"), NEEDLES("--json and --prometheus"));
+    expect_bad_input("stats", ARGS("stats", "--cache", at("c"), "--prometheus"),
+                     NEEDLES("--prometheus: asks kwarmd", "give one"));
+    expect_bad_input("stats", ARGS("stats", "--cache", at("c"), "--socket",
+                     at("s")), NEEDLES("--socket: asks kwarmd", "give one"));
 }
 
 Test(cli_operator, a_socket_path_that_is_a_file_is_not_a_socket)
