@@ -193,11 +193,28 @@ int kw__cli_parse(const char *cmd, int argc, char **argv,
                   const kw__cli_opt *opts, size_t nopts, const char **pos,
                   const char *usage);
 
+/* Bounds the connect, and every wait of the short requests (ping, stats).
+ * Compiling gets and warmups then wait as long as a compile takes. */
+#define KW_CLI_TIMEOUT_MS 10000
+
+/* What the kwarmd commands share (cli_daemon.c).  kw__cli_socket_help: the
+ * --socket lines of their help.  kw__cli_print_usage: usage, then those
+ * lines and -h, then (model) the deployment flags, on stdout; returns
+ * KW_CLI_OK.  kw__cli_request_failed: prints the failure rc of a request
+ * on c; returns its exit code (2 when kwarmd refused the input).
+ * kw__cli_socket_arg: reads --socket's value at argv[*i] into *path; 1
+ * when argv[*i] is --socket, 0 when not, -KW_CLI_USAGE after printing. */
+struct kw_client;
+extern const char kw__cli_socket_help[];
+int kw__cli_print_usage(const char *usage, bool model);
+int kw__cli_request_failed(const char *cmd, const struct kw_client *c, int rc);
+int kw__cli_socket_arg(const char *cmd, int argc, char **argv, int *i,
+                       const char **path);
+
 /* Connects to kwarmd at path (NULL: the default socket) for cmd.  Prints
  * why not, saying "not a socket" for a path that is something else (exit
  * 2) and how to start kwarmd when nothing listens there (exit 1); returns
  * the exit code, else KW_CLI_OK with *c set (the caller closes it). */
-struct kw_client;
 int kw__cli_connect(const char *cmd, const char *path, int timeout_ms,
                     struct kw_client **c);
 
@@ -266,7 +283,7 @@ int kw__cli_pins(int argc, char **argv);
 int kw__cli_unpin(int argc, char **argv);
 int kw__cli_resize(int argc, char **argv);
 
-/* The commands that talk to kwarmd (cli_daemon.c).  kw__cli_get and
+/* The commands that talk to kwarmd (cli_daemon.c, cli_warmup.c).  kw__cli_get and
  * kw__cli_stats hand over to the _socket forms when no --cache is given;
  * those take the same argv (argv[0] is the command name). */
 int kw__cli_ping(int argc, char **argv);
