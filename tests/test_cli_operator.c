@@ -356,3 +356,23 @@ Test(cli_operator, every_command_gives_2_for_an_unknown_flag_or_a_missing_file)
     for (size_t i = 0; i < N(cases); i++)
         expect_bad_input(cases[i][0], cases[i], NEEDLES("/nonexistent/config.json"));
 }
+
+/* On a terminal (script(1) gives it one) the bar carries the same split
+ * and the time. */
+Test(cli_operator, the_progress_bar_on_a_terminal_splits_and_times_too)
+{
+    if (access("/usr/bin/script", X_OK) != 0)
+        cr_skip_test("no script(1) to give kwarm a terminal");
+    cr_assert_eq(setenv("KWARM_TEST_INSTANT_COMPILE", "1", 1), 0);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "%s prewarm --model %s --cache %s --jobs 2 "
+             "--json", KW_KWARM_BIN, V32, at("c"));
+    const char *argv[] = {"/usr/bin/script", "-q", "-e", "-c", cmd,
+                          "/dev/null", NULL};
+    char *out = NULL, *err = NULL;
+    cr_expect_eq(kw_test_run(argv, &out, &err), 0, "%s", err);
+    cr_expect(strstr(out, "] 26/26  0 hits, 26 compiled, 0 failed; ") != NULL,
+              "%s", out);
+    free(out);
+    free(err);
+}

@@ -88,3 +88,19 @@ Test(cli_ro_daemon, stats_through_kwarmd_says_read_only)
     free(err);
     kwd_stop(&d);
 }
+
+/* ls --pinned NAME of no set, through kwarmd: said as unpin says it, exit
+ * 1, not "0 entries" (issue 24). */
+Test(cli_ro_daemon, ls_pinned_through_kwarmd_names_a_missing_set)
+{
+    kwd d;
+    ro_daemon(&d);
+    const char *ls[] = {"ls", "--socket", d.sock, "--pinned", "TYPO", NULL};
+    char *out = NULL, *err = NULL;
+    cr_expect_eq(kw_test_kwarm(ls, &out, &err), 1, "%s", err);
+    cr_expect(strstr(err, "--pinned TYPO: no such pin set") != NULL, "%s", err);
+    cr_expect(strstr(out, "0 entries") == NULL, "%s", out);
+    free(out);
+    free(err);
+    kwd_stop(&d);
+}
