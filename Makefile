@@ -11,6 +11,10 @@
 #               libFuzzer harness of tests/fuzz/ for FUZZ_SECONDS (when
 #               clang has libFuzzer)
 
+# gmake's "Entering/Leaving directory" lines would be half of make test's
+# output (cmake --build runs gmake under us, which inherits MAKEFLAGS).
+MAKEFLAGS  += --no-print-directory
+
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)

@@ -255,6 +255,11 @@ int kw_cache_pin(kw_cache *c, const uint8_t digest[KW_CACHE_DIGEST_LEN],
 
 /* --- Named pin sets (stored in the cache) --- */
 
+/* True when name may name a pin set: 1..KW_CACHE_MAX_PIN_NAME bytes of
+ * [A-Za-z0-9._:@+-].  Pure (no cache needed), so a command can refuse a
+ * bad name before it does any work. */
+bool kw_cache_pin_name_valid(const char *name);
+
 /* Records the set of n digests under name, replacing a set of that name,
  * in one write transaction.  Digests need not be present: one stored later
  * is pinned from then on.  Duplicates count once.  Entries of any set are

@@ -49,8 +49,7 @@ static int sorted_copy(const uint8_t (*d)[KW_CACHE_DIGEST_LEN], size_t n,
     return 0;
 }
 
-/* True when name is 1..KW_CACHE_MAX_PIN_NAME bytes of [A-Za-z0-9._:@+-]. */
-static bool name_ok(const char *name)
+bool kw_cache_pin_name_valid(const char *name)
 {
     if (!name)
         return false;
@@ -198,7 +197,7 @@ static int pin_fn(kw_cache *c, MDB_txn *txn, void *arg)
 int kw_cache_pin_set(kw_cache *c, const char *name,
                      const uint8_t (*digests)[KW_CACHE_DIGEST_LEN], size_t n)
 {
-    if (!c || !name_ok(name) || !digests || n == 0 ||
+    if (!c || !kw_cache_pin_name_valid(name) || !digests || n == 0 ||
         n > KW_CACHE_MAX_PIN_DIGESTS)
         return KW_EINVAL;
     if (c->read_only)
@@ -216,7 +215,7 @@ int kw_cache_pin_set(kw_cache *c, const char *name,
 
 int kw_cache_unpin_set(kw_cache *c, const char *name)
 {
-    if (!c || !name_ok(name))
+    if (!c || !kw_cache_pin_name_valid(name))
         return KW_EINVAL;
     if (c->read_only)
         return KW_EROFS;

@@ -16,7 +16,10 @@ enum { KW_CLI_OK = 0, KW_CLI_RUNTIME = 1, KW_CLI_USAGE = 2 };
 
 /* The model and deployment options every key-deriving command takes. */
 typedef struct kw__cli_model {
-    const char *model;       /* --model */
+    const char *model;       /* --model ("-": standard input) */
+    char *text;              /* the config read from standard input, or
+                                NULL (owned; NUL-terminated) */
+    size_t text_len;
     const char *deploy_file; /* --deploy */
     kw_config_deploy dep;    /* flags, then resolved */
     kw_config_model cfg;     /* loaded by kw__cli_model_load() */
@@ -54,8 +57,10 @@ void kw__cli_model_init(kw__cli_model *a);
 int kw__cli_model_arg(kw__cli_model *a, const char *cmd, int argc, char **argv,
                       int *i);
 
-/* Loads --deploy, the config and resolves the deployment.  Prints one
- * error line and returns KW_CLI_USAGE on bad input, else KW_CLI_OK. */
+/* Loads --deploy, the config (--model -: read from standard input, which
+ * must not be a terminal, into a->text) and resolves the deployment.
+ * Prints one error line and returns KW_CLI_USAGE on bad input, else
+ * KW_CLI_OK. */
 int kw__cli_model_load(kw__cli_model *a, const char *cmd);
 
 /* Frees what a owns. */
@@ -106,15 +111,21 @@ void kw__cli_print_stats(const struct kw_cache_stats *st, const char *dir,
                          bool json);
 
 /* Progress of a long command (cli_warm.c): a bar on a terminal, else a
- * line at most every KW__CLI_PROGRESS_S seconds; nothing when quiet. */
+ * line at most every KW__CLI_PROGRESS_S seconds; nothing when quiet.
+ * Each shows the keys settled so far by result (t, NULL: none yet), the
+ * time since kw__cli_progress_init() and an estimate of the time left. */
 #define KW__CLI_PROGRESS_S 2.0
 typedef struct kw__cli_progress {
     const char *label;
     bool tty, quiet;
-    double last; /* when the last line was printed */
+    double start, last; /* monotonic: started, and the last line printed */
 } kw__cli_progress;
+typedef struct kw__cli_tally {
+    size_t hits, compiled, failed, cancelled; /* hits: remote ones too */
+} kw__cli_tally;
 void kw__cli_progress_init(kw__cli_progress *p, const char *label, bool quiet);
-void kw__cli_progress_show(kw__cli_progress *p, size_t done, size_t n);
+void kw__cli_progress_show(kw__cli_progress *p, size_t done, size_t n,
+                           const kw__cli_tally *t);
 
 /* Prints one failed key: "kwarm CMD: FAMILY ARCH DIGEST16 failed: ERROR",
  * then its NVRTC log (may be NULL) as is. */
@@ -182,6 +193,31 @@ int kw__cli_parse(const char *cmd, int argc, char **argv,
                   const kw__cli_opt *opts, size_t nopts, const char **pos,
                   const char *usage);
 
+/* Bounds the connect, and every wait of the short requests (ping, stats).
+ * Compiling gets and warmups then wait as long as a compile takes. */
+#define KW_CLI_TIMEOUT_MS 10000
+
+/* What the kwarmd commands share (cli_daemon.c).  kw__cli_socket_help: the
+ * --socket lines of their help.  kw__cli_print_usage: usage, then those
+ * lines and -h, then (model) the deployment flags, on stdout; returns
+ * KW_CLI_OK.  kw__cli_request_failed: prints the failure rc of a request
+ * on c; returns its exit code (2 when kwarmd refused the input).
+ * kw__cli_socket_arg: reads --socket's value at argv[*i] into *path; 1
+ * when argv[*i] is --socket, 0 when not, -KW_CLI_USAGE after printing. */
+struct kw_client;
+extern const char kw__cli_socket_help[];
+int kw__cli_print_usage(const char *usage, bool model);
+int kw__cli_request_failed(const char *cmd, const struct kw_client *c, int rc);
+int kw__cli_socket_arg(const char *cmd, int argc, char **argv, int *i,
+                       const char **path);
+
+/* Connects to kwarmd at path (NULL: the default socket) for cmd.  Prints
+ * why not, saying "not a socket" for a path that is something else (exit
+ * 2) and how to start kwarmd when nothing listens there (exit 1); returns
+ * the exit code, else KW_CLI_OK with *c set (the caller closes it). */
+int kw__cli_connect(const char *cmd, const char *path, int timeout_ms,
+                    struct kw_client **c);
+
 /* Sends the admin request `request` (ls, evict, pins, unpin, resize)
  * with header to kwarmd at sock (NULL: the default socket) and returns its
  * reply document in *doc (the caller's).  Prints why on failure.  Returns
@@ -211,6 +247,28 @@ uint64_t kw__cli_u64(const struct cJSON *obj, const char *name);
  * -1 when it is not one (cli_ls.c). */
 int64_t kw__cli_age(const char *s);
 
+/* Input refused before any work (cli_check.c).  Each prints one line
+ * naming the flag, field or arch and what is allowed and returns
+ * KW_CLI_USAGE, else -1.  kw__cli_pin_check: a --pin name (NULL: none
+ * given, fine).  kw__cli_arch_check: every --arch of d against the archs
+ * the linked NVRTC builds (kw__cli_arch_one: one arch).  kw__cli_fields_check: a key's fields
+ * (kw_launch_nfields(fam) values) against launch/'s rules, naming the
+ * first field out of its range. */
+int kw__cli_pin_check(const char *cmd, const char *pin);
+int kw__cli_arch_check(const char *cmd, const kw_config_deploy *d);
+int kw__cli_arch_one(const char *cmd, const char *arch);
+int kw__cli_fields_check(const char *cmd, int fam, const int64_t *fields);
+
+/* "did you mean" (cli_suggest.c).  kw__cli_nearest: the candidate of
+ * cands[0..n) a few edits from word, or NULL.  kw__cli_unknown: prints
+ * "ARG: unknown argument" for cmd, naming the flag of help or more_help
+ * (either may be NULL) nearest to arg when one is near; returns
+ * KW_CLI_USAGE. */
+const char *kw__cli_nearest(const char *word, const char *const *cands,
+                            size_t n);
+int kw__cli_unknown(const char *cmd, const char *arg, const char *help,
+                    const char *more_help);
+
 /* The commands. */
 int kw__cli_keys(int argc, char **argv);
 int kw__cli_diff(int argc, char **argv);
@@ -225,7 +283,7 @@ int kw__cli_pins(int argc, char **argv);
 int kw__cli_unpin(int argc, char **argv);
 int kw__cli_resize(int argc, char **argv);
 
-/* The commands that talk to kwarmd (cli_daemon.c).  kw__cli_get and
+/* The commands that talk to kwarmd (cli_daemon.c, cli_warmup.c).  kw__cli_get and
  * kw__cli_stats hand over to the _socket forms when no --cache is given;
  * those take the same argv (argv[0] is the command name). */
 int kw__cli_ping(int argc, char **argv);

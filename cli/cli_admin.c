@@ -44,28 +44,46 @@ int kw__cli_parse(const char *cmd, int argc, char **argv,
         } else if (pos != NULL && *pos == NULL && argv[i][0] != '-') {
             *pos = argv[i];
         } else {
-            kw__cli_err(cmd, "%s: unknown argument (see kwarm %s --help)",
-                        argv[i], cmd);
-            return KW_CLI_USAGE;
+            return kw__cli_unknown(cmd, argv[i], usage, NULL);
         }
     }
     return -1;
+}
+
+/* Prints the failure rc of an admin request on c.  A read-only kwarmd's
+ * refusal may come with no text after "kwarmd: " or after its last ": ";
+ * the line then ends with the reason, never with a colon. */
+static void daemon_failed(const char *cmd, const kw_client *c, int rc)
+{
+    char msg[KW_CLIENT_ERRLEN];
+    snprintf(msg, sizeof msg, "%s", kw_client_last_error(c));
+    size_t n = strlen(msg), full = n;
+    while (n > 0 && (msg[n - 1] == ' ' || msg[n - 1] == ':'))
+        msg[--n] = '\0';
+    if (rc == KW_EROFS)
+        kw__cli_err(cmd, "%s: kwarmd's cache is read-only (kwarmd "
+                    "--read-only, or it cannot write the directory); ls, "
+                    "pins and get work, evict, unpin and resize need a "
+                    "writable cache", msg);
+    else if (n < full) /* the reason was empty */
+        kw__cli_err(cmd, "%s: %s", msg, kw_strerror(rc));
+    else
+        kw__cli_err(cmd, "%s", msg);
 }
 
 int kw__cli_via_daemon(const char *cmd, const char *sock, const char *request,
                        const cJSON *header, cJSON **doc)
 {
     kw_client *c = NULL;
-    char err[512], *hdr = cJSON_PrintUnformatted(header), *res = NULL;
-    int rc = kw_client_connect(&c, sock, 30000, err, sizeof err);
-    if (rc < 0) {
-        kw__cli_err(cmd, "cannot reach kwarmd: %s", err);
+    char *hdr = cJSON_PrintUnformatted(header), *res = NULL;
+    int rc = kw__cli_connect(cmd, sock, 30000, &c);
+    if (rc != KW_CLI_OK) {
         free(hdr);
-        return KW_CLI_RUNTIME;
+        return rc;
     }
     rc = hdr ? kw_client_admin(c, request, hdr, &res) : KW_ENOMEM;
     if (rc < 0)
-        kw__cli_err(cmd, "%s", kw_client_last_error(c));
+        daemon_failed(cmd, c, rc);
     else if ((*doc = cJSON_Parse(res)) == NULL)
         rc = KW_ENOMEM;
     free(hdr);

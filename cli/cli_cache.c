@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <sodium.h>
@@ -127,9 +128,72 @@ static int key_from_flags(const get_opts *o, kw_keys_key *k)
                         kw_keys_family_name(k->family), nf);
             return -1;
         }
+    /* The family's own rules, before any compile: a key no kernel accepts
+     * is bad input, not a compile failure (issue 24). */
+    if (kw__cli_fields_check("get", (int)k->family, k->fields) >= 0)
+        return -1;
+    if (kw__cli_arch_one("get", k->arch) >= 0)
+        return -1;
     return kw_keys_digest(k, k->digest) < 0 ? -1 : 0;
 }
 
+
+/* True when path starts as an LMDB data file does: the meta page's magic
+ * 0xBEEFC0DE, little-endian, after the 16-byte page header (lmdb's
+ * mdb.c, MDB_MAGIC).  Only to word the error of a file that is not one. */
+static bool looks_like_lmdb(const char *path)
+{
+    unsigned char b[20];
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    ssize_t n = fd < 0 ? -1 : read(fd, b, sizeof b);
+    if (fd >= 0)
+        close(fd);
+    if (n < 0)
+        return true; /* unreadable: let kw_cache_open say why */
+    return n == (ssize_t)sizeof b && b[16] == 0xde && b[17] == 0xc0 &&
+           b[18] == 0xef && b[19] == 0xbe;
+}
+
+/* What kw__cli_cache_open checks before LMDB sees dir: a path that is
+ * missing, not a directory, holds no cache (for a command that does not
+ * create one) or holds a file LMDB cannot read is bad input, exit 2, named
+ * in words rather than as an mdb_env_open code.  -1 to go on. */
+static int dir_check(const char *cmd, const char *dir, kw__cli_access how)
+{
+    struct stat st;
+    char data[4096];
+    if (stat(dir, &st) < 0) {
+        int e = errno;
+        kw__cli_err(cmd, "--cache: %s: %s", dir, strerror(e));
+        return e == EACCES ? KW_CLI_RUNTIME : KW_CLI_USAGE;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        kw__cli_err(cmd, "--cache: %s: not a directory", dir);
+        return KW_CLI_USAGE;
+    }
+    if (access(dir, R_OK | X_OK) < 0) {
+        kw__cli_err(cmd, "--cache: %s: %s (this user, uid %u, cannot read "
+                    "the directory)", dir, strerror(errno), (unsigned)getuid());
+        return KW_CLI_RUNTIME;
+    }
+    int n = snprintf(data, sizeof data, "%s/data.mdb", dir);
+    if (n < 0 || (size_t)n >= sizeof data) {
+        kw__cli_err(cmd, "--cache: %.64s...: path too long", dir);
+        return KW_CLI_USAGE;
+    }
+    bool have = stat(data, &st) == 0;
+    if (!have && errno == ENOENT && how != KW_CLI_READ_WRITE) {
+        kw__cli_err(cmd, "--cache: no cache in %s (no data.mdb; kwarm "
+                    "prewarm --cache %s creates one)", dir, dir);
+        return KW_CLI_USAGE;
+    }
+    if (have && !looks_like_lmdb(data)) {
+        kw__cli_err(cmd, "--cache: %s is not an LMDB file, so %s is not a "
+                    "kwarm cache", data, dir);
+        return KW_CLI_USAGE;
+    }
+    return -1;
+}
 
 int kw__cli_cache_open(const char *cmd, const char *dir, kw__cli_access how,
                        kw_cache **c)
@@ -137,11 +201,10 @@ int kw__cli_cache_open(const char *cmd, const char *dir, kw__cli_access how,
     kw_cache_opts co = {.dir = dir, .read_only = how == KW_CLI_READ,
                         .auto_read_only = how == KW_CLI_READ_WRITE};
     char err[512];
-    if (access(dir, F_OK) < 0) {
-        kw__cli_err(cmd, "--cache: %s: %s", dir, strerror(errno));
-        return KW_CLI_USAGE;
-    }
-    int rc = kw_cache_open(c, &co, err, sizeof err);
+    int rc = dir_check(cmd, dir, how);
+    if (rc >= 0)
+        return rc;
+    rc = kw_cache_open(c, &co, err, sizeof err);
     if (rc < 0) {
         kw__cli_err(cmd, "--cache: %s", err);
         return KW_CLI_RUNTIME;
@@ -231,8 +294,7 @@ int kw__cli_get_parse(kw__cli_get_opts *o, int argc, char **argv,
         while (f < nflags && !kw__cli_is(argv[i], flags[f].flag))
             f++;
         if (f == nflags) {
-            kw__cli_err("get", "%s: unknown argument (see kwarm get --help)", argv[i]);
-            return KW_CLI_USAGE;
+            return kw__cli_unknown("get", argv[i], get_usage, NULL);
         }
         if (*flags[f].slot != NULL) {
             kw__cli_err("get", "%s: given more than once", flags[f].flag);
@@ -410,10 +472,14 @@ int kw__cli_stats(int argc, char **argv)
         else if (kw__cli_is(argv[i], "--cache")) {
             if ((dir = kw__cli_value("stats", argc, argv, &i)) == NULL)
                 return KW_CLI_USAGE;
-        } else {
-            kw__cli_err("stats", "%s: unknown argument (see kwarm stats --help)",
-                        argv[i]);
+        } else if (strcmp(argv[i], "--prometheus") == 0 ||
+                   kw__cli_is(argv[i], "--socket")) {
+            kw__cli_err("stats", "%.*s: asks kwarmd, and --cache reads a "
+                        "directory: give one (kwarm stats --socket PATH "
+                        "--prometheus)", (int)strcspn(argv[i], "="), argv[i]);
             return KW_CLI_USAGE;
+        } else {
+            return kw__cli_unknown("stats", argv[i], stats_usage, NULL);
         }
     }
     kw_cache *c = NULL;

@@ -1,7 +1,7 @@
 /* cli_daemon.c: the commands that talk to a running kwarmd through
- * libkwarm: `kwarm ping`, `kwarm warmup`, and the --socket forms of
- * `kwarm get` and `kwarm stats` (cli_cache.c's commands hand those over
- * when no --cache is given).
+ * libkwarm: `kwarm ping`, and the --socket forms of `kwarm get` and
+ * `kwarm stats` (cli_cache.c's commands hand those over when no --cache
+ * is given); what they share with `kwarm warmup` (cli_warmup.c).
  */
 #include "cli.h"
 
@@ -16,19 +16,15 @@
 
 #include "kw_client.h"
 #include "kw_err.h"
+#include "kw_launch.h"
 #include "kw_parse.h"
 #include "kw_proto.h"
 
 /* Bounds the connect, and every wait of the short requests (ping, stats).
  * Compiling gets then wait as long as a compile takes. */
-#define CLI_TIMEOUT_MS 10000
-/* A warmup's wait for its next frame (--wait-timeout): kwarmd sends one
- * at least every 2 s while a warmup runs (a heartbeat while compiles are
- * slow), so a minute of silence means kwarmd is stuck, not busy. */
-#define CLI_WAIT_S 60
-#define CLI_WAIT_MAX_S 86400
 
-static const char socket_help[] =
+
+const char kw__cli_socket_help[] =
     "  --socket PATH              kwarmd's socket ($KWARM_SOCKET, else\n"
     "                             $XDG_RUNTIME_DIR/kwarm.sock, or\n"
     "                             /run/kwarm/kwarm.sock for root)\n";
@@ -38,27 +34,6 @@ static const char ping_usage[] =
     "\n"
     "Asks kwarmd for its version; exit 1 when it cannot be reached.\n"
     "\n";
-
-static const char warmup_usage[] =
-    "usage: kwarm warmup --model CONFIG.json [DEPLOYMENT] [--socket PATH] "
-    "[--json]\n"
-    "                    [--quiet] [--pin NAME] [--wait-timeout S]\n"
-    "\n"
-    "Asks a running kwarmd to compile every key of this model and deployment\n"
-    "that its cache lacks, showing progress and each failed key's NVRTC log;\n"
-    "exit 1 when a key failed, kwarmd stopped before the end, or it sent\n"
-    "nothing for --wait-timeout.\n"
-    "\n"
-    "  --json                     one document: keys, hits, remote_hits,\n"
-    "                             compiled, failed, cancelled, seconds and\n"
-    "                             the manifest (every key's result)\n"
-    "  --quiet                    no progress on stderr\n"
-    "  --pin NAME                 once every key is cached, keep the\n"
-    "                             deployment's entries as the pin set NAME\n"
-    "                             (never evicted until kwarm unpin NAME)\n"
-    "  --wait-timeout S           give up when kwarmd sends nothing for S\n"
-    "                             seconds, in [1, 86400] (60); it sends a\n"
-    "                             frame at least every 2 s while it works\n";
 
 static const char get_usage[] =
     "usage: kwarm get (--digest HEX | --family F --fields k=v,... --arch sm_XX)\n"
@@ -87,10 +62,9 @@ static bool is_help(const char *arg)
     return strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0;
 }
 
-/* Prints a command's usage (with the --socket line) on stdout. */
-static int print_usage(const char *usage, bool model)
+int kw__cli_print_usage(const char *usage, bool model)
 {
-    printf("%s%s%s%s", usage, socket_help, help_tail,
+    printf("%s%s%s%s", usage, kw__cli_socket_help, help_tail,
            model ? "\n" : "");
     if (model)
         fputs(kw__cli_deploy_help, stdout);
@@ -111,12 +85,28 @@ static int exit_for(int rc)
     }
 }
 
-/* Connects to path (NULL: the default); prints why not and returns the
- * exit code, else KW_CLI_OK with *c set. */
-static int connect_to(const char *cmd, const char *path, kw_client **c)
+int kw__cli_connect(const char *cmd, const char *path, int timeout_ms,
+                    kw_client **c)
 {
-    char err[512];
-    int rc = kw_client_connect(c, path, CLI_TIMEOUT_MS, err, sizeof err);
+    char err[512], def[KW_CLIENT_PATH_MAX];
+    const char *p = path ? path : kw_client_default_socket(def, sizeof def);
+    struct stat st;
+    /* Something that is not a socket: connect() would say "Connection
+     * refused", which sends one looking for a stopped daemon. */
+    if (p != NULL && stat(p, &st) == 0 && !S_ISSOCK(st.st_mode)) {
+        kw__cli_err(cmd, "cannot reach kwarmd: %s: not a socket%s", p,
+                    S_ISDIR(st.st_mode) ? " (a directory: name the socket "
+                                          "file in it)" : "");
+        return KW_CLI_USAGE;
+    }
+    int rc = kw_client_connect(c, path, timeout_ms, err, sizeof err);
+    if (rc == -ENOENT || rc == -ECONNREFUSED) {
+        kw__cli_err(cmd, "cannot reach kwarmd: %s; is it running? Start one "
+                    "with kwarmd --socket %s --cache DIR, or systemctl start "
+                    "kwarmd.socket; or name another with --socket or "
+                    "$KWARM_SOCKET", err, p ? p : "PATH");
+        return KW_CLI_RUNTIME;
+    }
     if (rc < 0) {
         kw__cli_err(cmd, "cannot reach kwarmd: %s", err);
         return exit_for(rc);
@@ -124,17 +114,20 @@ static int connect_to(const char *cmd, const char *path, kw_client **c)
     return KW_CLI_OK;
 }
 
-/* Prints the failure of a request on c; returns its exit code. */
-static int request_failed(const char *cmd, const kw_client *c, int rc)
+/* Connects to path (NULL: the default) for a short request. */
+static int connect_to(const char *cmd, const char *path, kw_client **c)
+{
+    return kw__cli_connect(cmd, path, KW_CLI_TIMEOUT_MS, c);
+}
+
+int kw__cli_request_failed(const char *cmd, const kw_client *c, int rc)
 {
     kw__cli_err(cmd, "%s", kw_client_last_error(c));
     return exit_for(rc);
 }
 
-/* Reads --socket's value at argv[*i] into *path.  1 when argv[*i] is
- * --socket, 0 when not, -KW_CLI_USAGE after printing the error. */
-static int socket_arg(const char *cmd, int argc, char **argv, int *i,
-                      const char **path)
+int kw__cli_socket_arg(const char *cmd, int argc, char **argv, int *i,
+                       const char **path)
 {
     if (!kw__cli_is(argv[*i], "--socket"))
         return 0;
@@ -146,11 +139,11 @@ static int socket_arg(const char *cmd, int argc, char **argv, int *i,
     return *path != NULL ? 1 : -KW_CLI_USAGE;
 }
 
-/* Prints "unknown argument" for cmd; returns KW_CLI_USAGE. */
-static int unknown_arg(const char *cmd, const char *arg)
+/* Prints "unknown argument" for cmd, with the nearest flag of its help
+ * (usage, and the --socket lines all three take); returns KW_CLI_USAGE. */
+static int unknown_arg(const char *cmd, const char *arg, const char *usage)
 {
-    kw__cli_err(cmd, "%s: unknown argument (see kwarm %s --help)", arg, cmd);
-    return KW_CLI_USAGE;
+    return kw__cli_unknown(cmd, arg, usage, kw__cli_socket_help);
 }
 
 /* ---- ping ---------------------------------------------------------------- */
@@ -160,12 +153,12 @@ int kw__cli_ping(int argc, char **argv)
     const char *path = NULL;
     for (int i = 1; i < argc; i++) {
         if (is_help(argv[i]))
-            return print_usage(ping_usage, false);
-        int rc = socket_arg("ping", argc, argv, &i, &path);
+            return kw__cli_print_usage(ping_usage, false);
+        int rc = kw__cli_socket_arg("ping", argc, argv, &i, &path);
         if (rc < 0)
             return -rc;
         if (rc == 0)
-            return unknown_arg("ping", argv[i]);
+            return unknown_arg("ping", argv[i], ping_usage);
     }
     kw_client *c = NULL;
     char version[64];
@@ -173,7 +166,7 @@ int kw__cli_ping(int argc, char **argv)
     if (rc != KW_CLI_OK)
         return rc;
     if ((rc = kw_client_ping(c, version, sizeof version)) < 0)
-        rc = request_failed("ping", c, rc);
+        rc = kw__cli_request_failed("ping", c, rc);
     else
         printf("kwarmd %s at %s\n", version, kw_client_path(c));
     kw_client_close(c);
@@ -195,6 +188,9 @@ static void print_stats(const char *json, const char *path)
     for (const cJSON *it = st ? st->child : NULL; it != NULL; it = it->next)
         if (cJSON_IsNumber(it))
             printf("  %-*s %.0f\n", w, it->string, it->valuedouble);
+        else if (cJSON_IsBool(it)) /* read_only, as stats --cache prints it */
+            printf("  %-*s %s\n", w, it->string, cJSON_IsTrue(it) ? "true"
+                                                                  : "false");
     cJSON_Delete(st);
 }
 
@@ -230,16 +226,22 @@ int kw__cli_stats_socket(int argc, char **argv)
     int form = 0; /* lines, 1 --json, 2 --prometheus */
     for (int i = 1; i < argc; i++) {
         if (is_help(argv[i]))
-            return print_usage(stats_usage, false);
+            return kw__cli_print_usage(stats_usage, false);
         if (strcmp(argv[i], "--json") == 0 || strcmp(argv[i], "--prometheus") == 0) {
-            form = argv[i][2] == 'j' ? 1 : 2;
+            int f = argv[i][2] == 'j' ? 1 : 2;
+            if (form != 0 && form != f) {
+                kw__cli_err("stats", "--json and --prometheus: give one (two "
+                            "forms of the same counters)");
+                return KW_CLI_USAGE;
+            }
+            form = f;
             continue;
         }
-        int rc = socket_arg("stats", argc, argv, &i, &path);
+        int rc = kw__cli_socket_arg("stats", argc, argv, &i, &path);
         if (rc < 0)
             return -rc;
         if (rc == 0)
-            return unknown_arg("stats", argv[i]);
+            return unknown_arg("stats", argv[i], stats_usage);
     }
     kw_client *c = NULL;
     char *reply = NULL;
@@ -247,7 +249,7 @@ int kw__cli_stats_socket(int argc, char **argv)
     if (rc != KW_CLI_OK)
         return rc;
     if ((rc = kw_client_stats(c, &reply)) < 0)
-        rc = request_failed("stats", c, rc);
+        rc = kw__cli_request_failed("stats", c, rc);
     else
         rc = print_reply(reply, kw_client_path(c), form);
     free(reply);
@@ -262,7 +264,7 @@ typedef kw__cli_get_opts get_opts; /* where: the --socket path */
 /* Adds "name=value" of family f to obj: an integer, or true/false for a
  * boolean field.  Returns 0, or -1 after printing the error. */
 static int add_field(cJSON *obj, kw_k_family f, unsigned *seen,
-                     const char *name, const char *v)
+                     int64_t *vals, const char *name, const char *v)
 {
     size_t i = 0, n = kw_keys_nfields(f);
     while (i < n && strcmp(kw_keys_field_name(f, i), name) != 0)
@@ -280,9 +282,9 @@ static int add_field(cJSON *obj, kw_k_family f, unsigned *seen,
     bool is_bool = kw_keys_field_is_bool(f, i);
     int64_t x;
     if (is_bool && (strcmp(v, "true") == 0 || strcmp(v, "false") == 0))
-        cJSON_AddBoolToObject(obj, name, v[0] == 't');
+        cJSON_AddBoolToObject(obj, name, (vals[i] = v[0] == 't'));
     else if (kw_parse_i64(v, -(INT64_C(1) << 53), INT64_C(1) << 53, &x) == 0)
-        cJSON_AddNumberToObject(obj, name, (double)x);
+        cJSON_AddNumberToObject(obj, name, (double)(vals[i] = x));
     else {
         kw__cli_err("get", "--fields: %s: '%.32s' is not an integer%s", name,
                     v, is_bool ? " or true/false" : "");
@@ -291,10 +293,12 @@ static int add_field(cJSON *obj, kw_k_family f, unsigned *seen,
     return 0;
 }
 
-/* Splits "k=v,..." into the fields of family f, each checked, into obj. */
+/* Splits "k=v,..." into the fields of family f, each checked, into obj;
+ * then the key as a whole, by launch/'s rules, before kwarmd sees it. */
 static int add_fields(cJSON *obj, kw_k_family f, char *list)
 {
     unsigned seen = 0;
+    int64_t vals[KW_LAUNCH_MAX_FIELDS] = {0};
     for (char *save = NULL, *kv = strtok_r(list, ",", &save); kv != NULL;
          kv = strtok_r(NULL, ",", &save)) {
         char *eq = strchr(kv, '=');
@@ -303,7 +307,7 @@ static int add_fields(cJSON *obj, kw_k_family f, char *list)
             return -1;
         }
         *eq = '\0';
-        if (add_field(obj, f, &seen, kv, eq + 1) < 0)
+        if (add_field(obj, f, &seen, vals, kv, eq + 1) < 0)
             return -1;
     }
     for (size_t i = 0; i < kw_keys_nfields(f); i++)
@@ -313,7 +317,7 @@ static int add_fields(cJSON *obj, kw_k_family f, char *list)
                         kw_keys_family_name(f), kw_keys_nfields(f));
             return -1;
         }
-    return 0;
+    return kw__cli_fields_check("get", (int)f, vals) < 0 ? 0 : -1;
 }
 
 /* Turns --family/--fields into the JSON object kwarmd takes (*json, free
@@ -326,6 +330,8 @@ static int fields_json(const get_opts *o, char **json)
                     o->family);
         return KW_CLI_USAGE;
     }
+    if (kw__cli_arch_one("get", o->arch) >= 0)
+        return KW_CLI_USAGE;
     char *list = strdup(o->fields);
     cJSON *obj = cJSON_CreateObject();
     int rc = list && obj ? add_fields(obj, f, list) : -2;
@@ -338,34 +344,32 @@ static int fields_json(const get_opts *o, char **json)
     return rc == 0 ? -1 : rc == -1 ? KW_CLI_USAGE : KW_CLI_RUNTIME;
 }
 
-/* Fetches the kernel of o from c into *k; prints the failure. */
-static int get_fetch(const get_opts *o, kw_client *c, kw_client_kernel *k)
+/* Fetches the kernel of o (fields: its --fields as JSON, checked) from c
+ * into *k; prints the failure. */
+static int get_fetch(const get_opts *o, const char *fields, kw_client *c,
+                     kw_client_kernel *k)
 {
-    char *fields = NULL;
     int rc;
     if (o->digest != NULL) {
         rc = kw_client_get(c, o->digest, !o->no_compile, k);
     } else {
-        if ((rc = fields_json(o, &fields)) >= 0)
-            return rc;
         kw_client_set_timeout(c, 0); /* a compile takes what it takes */
         rc = kw_client_get_key(c, o->family, fields, o->arch,
                                !o->no_compile, k);
     }
-    free(fields);
     if (rc == KW_ENOTFOUND) {
         kw__cli_err("get", "%s: not cached in kwarmd at %s",
                     o->digest ? o->digest : o->family, kw_client_path(c));
         return KW_CLI_RUNTIME;
     }
-    return rc < 0 ? request_failed("get", c, rc) : KW_CLI_OK;
+    return rc < 0 ? kw__cli_request_failed("get", c, rc) : KW_CLI_OK;
 }
 
 int kw__cli_get_socket(int argc, char **argv)
 {
     get_opts o;
     if (kw__cli_wants_help(argc, argv))
-        return print_usage(get_usage, false);
+        return kw__cli_print_usage(get_usage, false);
     int rc = kw__cli_get_parse(&o, argc, argv, "--socket");
     if (rc >= 0)
         return rc;
@@ -378,225 +382,15 @@ int kw__cli_get_socket(int argc, char **argv)
     }
     kw_client *c = NULL;
     kw_client_kernel k = {0};
-    if ((rc = connect_to("get", o.where, &c)) != KW_CLI_OK)
+    char *fields = NULL; /* checked here, before kwarmd sees the key */
+    if (o.digest == NULL && (rc = fields_json(&o, &fields)) >= 0)
         return rc;
-    if ((rc = get_fetch(&o, c, &k)) == KW_CLI_OK)
+    if ((rc = connect_to("get", o.where, &c)) == KW_CLI_OK &&
+        (rc = get_fetch(&o, fields, c, &k)) == KW_CLI_OK)
         rc = kw__cli_put_cubin("get", o.out, k.cubin, k.len, k.family,
                                k.arch, k.entry);
+    free(fields);
     kw_client_kernel_destroy(&k);
     kw_client_close(c);
-    return rc;
-}
-
-/* ---- warmup -------------------------------------------------------------- */
-
-typedef struct warm_opts {
-    kw__cli_model a;
-    const char *socket, *pin;
-    bool json, quiet;
-    unsigned wait_s; /* --wait-timeout */
-} warm_opts;
-
-/* The deployment kwarmd should use: every field the flags or --deploy
- * gave (their values survive kw_config_resolve()), as a --deploy file
- * would spell them, so the daemon applies the same defaults kwarm keys
- * would.  A new string (free it), or NULL. */
-static char *deploy_json(const kw_config_deploy *d)
-{
-    cJSON *obj = NULL;
-    if (kw_config_deploy_given_json(d, &obj) < 0)
-        return NULL;
-    char *s = cJSON_PrintUnformatted(obj);
-    cJSON_Delete(obj);
-    return s;
-}
-
-/* Reads the config file as text for the request (kwarmd takes a config of
- * at most one protocol header).  Returns -1 to go on, else an exit code. */
-static int read_config(const char *path, char **text)
-{
-    FILE *f = fopen(path, "rb");
-    char *buf = malloc(KW_PROTO_MAX_HEADER + 2);
-    size_t n = f && buf ? fread(buf, 1, KW_PROTO_MAX_HEADER + 1, f) : 0;
-    int rc = -1;
-    if (f == NULL || buf == NULL || ferror(f)) {
-        kw__cli_err("warmup", "%s: %s", path, buf ? strerror(errno ? errno : EIO)
-                                                  : kw_strerror(KW_ENOMEM));
-        rc = buf ? KW_CLI_USAGE : KW_CLI_RUNTIME;
-    } else if (n > KW_PROTO_MAX_HEADER) {
-        kw__cli_err("warmup", "%s: over %u bytes, more than a kwarmd request "
-                    "holds (use kwarm prewarm)", path, KW_PROTO_MAX_HEADER);
-        rc = KW_CLI_USAGE;
-    }
-    if (f != NULL)
-        fclose(f);
-    if (rc >= 0) {
-        free(buf);
-        return rc;
-    }
-    buf[n] = '\0';
-    *text = buf;
-    return -1;
-}
-
-/* What a warmup shows while it runs (arg of on_progress). */
-typedef struct warm_view {
-    kw__cli_progress progress;
-    size_t failed_shown;
-} warm_view;
-
-#define KW_CLI_MAX_FAILS 5 /* failures printed in full */
-
-/* Prints the failed keys of one PROGRESS frame's results (the first
- * KW_CLI_MAX_FAILS of the warmup, with their NVRTC logs). */
-static void show_failures(const cJSON *results, warm_view *v)
-{
-    const cJSON *k;
-    cJSON_ArrayForEach(k, results) {
-        const char *st = cJSON_GetStringValue(
-            cJSON_GetObjectItemCaseSensitive(k, "status"));
-        if (st == NULL || strcmp(st, "failed") != 0 ||
-            v->failed_shown++ >= KW_CLI_MAX_FAILS)
-            continue;
-        const char *f[5] = {"family", "arch", "digest", "error", "log"}, *s[5];
-        for (size_t i = 0; i < 5; i++)
-            s[i] = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(k, f[i]));
-        kw__cli_print_failure("warmup", s[0] ? s[0] : "?", s[1] ? s[1] : "?",
-                              s[2] ? s[2] : "?", s[3] ? s[3] : "failed", s[4]);
-    }
-}
-
-/* One PROGRESS frame: failures in full, then the progress display. */
-static void on_progress(const char *progress_json, void *arg)
-{
-    warm_view *v = arg;
-    cJSON *p = cJSON_Parse(progress_json);
-    const cJSON *done = cJSON_GetObjectItemCaseSensitive(p, "done");
-    const cJSON *total = cJSON_GetObjectItemCaseSensitive(p, "total");
-    show_failures(cJSON_GetObjectItemCaseSensitive(p, "results"), v);
-    if (cJSON_IsNumber(done) && cJSON_IsNumber(total))
-        kw__cli_progress_show(&v->progress, (size_t)done->valuedouble,
-                              (size_t)total->valuedouble);
-    cJSON_Delete(p);
-}
-
-/* Returns member name of obj as a count (0 when missing). */
-static size_t count_of(const cJSON *obj, const char *name)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
-    return cJSON_IsNumber(v) && v->valuedouble > 0 ? (size_t)v->valuedouble : 0;
-}
-
-/* Prints a warmup's result; returns 1 when a key failed or was cancelled,
- * else 0. */
-static int print_result(const char *json, const warm_opts *o, const char *path,
-                        const warm_view *v)
-{
-    cJSON *res = cJSON_Parse(json);
-    size_t failed = count_of(res, "failed"), cancelled = count_of(res, "cancelled");
-    if (o->json) {
-        printf("%s\n", json);
-    } else {
-        const cJSON *secs = cJSON_GetObjectItemCaseSensitive(res, "seconds");
-        printf("warmup: %zu keys: %zu compiled, %zu hits, %zu remote hits, "
-               "%zu failed in %.2f s (kwarmd at %s)\n", count_of(res, "keys"),
-               count_of(res, "compiled"), count_of(res, "hits"),
-               count_of(res, "remote_hits"), failed,
-               cJSON_IsNumber(secs) ? secs->valuedouble : 0.0, path);
-    }
-    if (failed > v->failed_shown || (failed > KW_CLI_MAX_FAILS))
-        kw__cli_err("warmup", "%zu key%s failed to compile (the first %d "
-                    "shown above)", failed, failed == 1 ? "" : "s",
-                    KW_CLI_MAX_FAILS);
-    if (cancelled > 0)
-        kw__cli_err("warmup", "kwarmd stopped: %zu keys cancelled", cancelled);
-    const cJSON *pinned = cJSON_GetObjectItemCaseSensitive(res, "pinned");
-    if (cJSON_IsFalse(pinned))
-        kw__cli_err("warmup", "--pin %s: not recorded (%s)", o->pin,
-                    failed || cancelled ? "keys are missing" : "see kwarmd's log");
-    cJSON_Delete(res);
-    return failed > 0 || cancelled > 0 || cJSON_IsFalse(pinned) ? KW_CLI_RUNTIME
-                                                                 : KW_CLI_OK;
-}
-
-/* Sends the warmup of the loaded model in o; prints its outcome. */
-static int warmup_run(warm_opts *o, const char *config, const char *dep)
-{
-    kw_client *c = NULL;
-    char *result = NULL;
-    warm_view v = {.failed_shown = 0};
-    kw__cli_progress_init(&v.progress, "warmup", o->quiet);
-    int rc = connect_to("warmup", o->socket, &c);
-    if (rc != KW_CLI_OK)
-        return rc;
-    kw_client_set_timeout(c, (int)(o->wait_s * 1000));
-    rc = o->pin ? kw_client_warmup_pin(c, config, dep, o->a.model, o->pin,
-                                       on_progress, &v, &result)
-                : kw_client_warmup(c, config, dep, o->a.model, on_progress, &v,
-                                   &result);
-    if (rc == -ETIMEDOUT)
-        kw__cli_err("warmup", "kwarmd at %s sent nothing for %u s, not even the "
-                    "heartbeat it sends every 2 s: it looks stuck (see its log)",
-                    kw_client_path(c), o->wait_s);
-    if (rc < 0)
-        rc = request_failed("warmup", c, rc);
-    else
-        rc = print_result(result, o, kw_client_path(c), &v);
-    free(result);
-    kw_client_close(c);
-    return rc;
-}
-
-/* Parses warmup's arguments; returns -1 to go on, else an exit code. */
-static int warmup_parse(warm_opts *o, int argc, char **argv)
-{
-    for (int i = 1; i < argc; i++) {
-        int rc = kw__cli_model_arg(&o->a, "warmup", argc, argv, &i);
-        if (rc == 0)
-            rc = socket_arg("warmup", argc, argv, &i, &o->socket);
-        if (rc < 0)
-            return -rc;
-        if (rc > 0)
-            continue;
-        if (strcmp(argv[i], "--json") == 0)
-            o->json = true;
-        else if (strcmp(argv[i], "--quiet") == 0)
-            o->quiet = true;
-        else if (kw__cli_is(argv[i], "--pin")) {
-            if ((o->pin = kw__cli_value("warmup", argc, argv, &i)) == NULL)
-                return KW_CLI_USAGE;
-        } else if (kw__cli_is(argv[i], "--wait-timeout")) {
-            if (kw__cli_count("warmup", argc, argv, &i, "a number of seconds",
-                              CLI_WAIT_MAX_S, &o->wait_s) < 0)
-                return KW_CLI_USAGE;
-        }
-        else if (is_help(argv[i]))
-            return print_usage(warmup_usage, true);
-        else
-            return unknown_arg("warmup", argv[i]);
-    }
-    return -1;
-}
-
-int kw__cli_warmup(int argc, char **argv)
-{
-    warm_opts o = {.socket = NULL, .pin = NULL, .json = false, .quiet = false,
-                   .wait_s = CLI_WAIT_S};
-    char *config = NULL, *dep = NULL;
-    kw__cli_model_init(&o.a);
-    int rc = warmup_parse(&o, argc, argv);
-    /* Load locally first: bad input gets kwarm keys' exact message and
-     * exit 2 without a daemon in the loop. */
-    if (rc < 0 && (rc = kw__cli_model_load(&o.a, "warmup")) == KW_CLI_OK)
-        rc = read_config(o.a.model, &config);
-    if (rc < 0 && (dep = deploy_json(&o.a.dep)) == NULL) {
-        kw__cli_err("warmup", "%s", kw_strerror(KW_ENOMEM));
-        rc = KW_CLI_RUNTIME;
-    }
-    if (rc < 0)
-        rc = warmup_run(&o, config, dep);
-    free(dep);
-    free(config);
-    kw__cli_model_destroy(&o.a);
     return rc;
 }

@@ -82,13 +82,18 @@ static int parse(side *a, side *b, bool *json, int argc, char **argv)
             printf("%s%s", diff_usage, kw__cli_deploy_help);
             return KW_CLI_OK;
         } else {
-            kw__cli_err("diff", "%s: unknown argument (see kwarm diff --help)",
-                        argv[i]);
-            return KW_CLI_USAGE;
+            return kw__cli_unknown("diff", argv[i], diff_usage,
+                                   kw__cli_deploy_help);
         }
     }
     if (against < 0) {
         kw__cli_err("diff", "--against: required (see kwarm diff --help)");
+        return KW_CLI_USAGE;
+    }
+    if (a->a.model && strcmp(a->a.model, "-") == 0 &&
+        strcmp(b->a.model, "-") == 0) {
+        kw__cli_err("diff", "--model - and --against -: standard input holds "
+                    "one config; name a file for the other");
         return KW_CLI_USAGE;
     }
     /* No deployment after --against: B takes A's flags. */
@@ -253,9 +258,10 @@ int kw__cli_diff(int argc, char **argv)
     kw__cli_model_init(&a.a);
     kw__cli_model_init(&b.a);
     int rc = parse(&a, &b, &json, argc, argv);
-    if (rc < 0 && (rc = load(&a)) == KW_CLI_OK)
+    bool go = rc < 0; /* --help and bad flags end here, with their code */
+    if (go && (rc = load(&a)) == KW_CLI_OK)
         rc = load(&b);
-    if (rc == KW_CLI_OK) {
+    if (go && rc == KW_CLI_OK) {
         size_t oa = 0, ob = 0, common = 0;
         cJSON *doc = cJSON_CreateObject();
         cJSON *fam = families(&a, &b, &oa, &ob, &common);

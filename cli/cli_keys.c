@@ -114,9 +114,8 @@ static int parse(kw__cli_model *a, bool *json, int argc, char **argv)
             printf("%s%s", keys_usage, kw__cli_deploy_help);
             return KW_CLI_OK;
         } else {
-            kw__cli_err("keys", "%s: unknown argument (see kwarm keys --help)",
-                        argv[i]);
-            return KW_CLI_USAGE;
+            return kw__cli_unknown("keys", argv[i], keys_usage,
+                                   kw__cli_deploy_help);
         }
     }
     return -1;

@@ -113,6 +113,47 @@ static const char ls_usage[] =
     "                             \"bytes\"}; times in Unix seconds\n"
     "  -h, --help                 this text\n";
 
+/* True when the pins document (kwarm pins --json) names the set name. */
+static bool has_pin_set(const cJSON *pins, const char *name)
+{
+    const cJSON *p;
+    cJSON_ArrayForEach(p, cJSON_GetObjectItemCaseSensitive(pins, "pins")) {
+        const char *n = cJSON_GetStringValue(
+            cJSON_GetObjectItemCaseSensitive(p, "name"));
+        if (n != NULL && strcmp(n, name) == 0)
+            return true;
+    }
+    return false;
+}
+
+/* --pinned NAME of a set the cache lacks: said as unpin says it, exit 1,
+ * instead of "0 entries" (a typo would look like an empty set).  Asks c,
+ * or kwarmd at sock when c is NULL.  -1 to go on, else an exit code. */
+static int pin_set_check(kw_cache *c, const char *sock, const char *name,
+                         const char *where)
+{
+    cJSON *doc = NULL;
+    int rc = -1;
+    if (c != NULL) {
+        if (kw_warm_pins(c, &doc) < 0)
+            doc = NULL; /* the listing says why, if it fails too */
+    } else {
+        cJSON *h = cJSON_CreateObject();
+        rc = kw__cli_via_daemon("ls", sock, "pins", h, &doc);
+        cJSON_Delete(h);
+        if (rc != KW_CLI_OK)
+            return rc;
+        rc = -1;
+    }
+    if (doc != NULL && !has_pin_set(doc, name)) {
+        kw__cli_err("ls", "--pinned %.80s: no such pin set in %s (kwarm pins "
+                    "lists them)", name, where);
+        rc = KW_CLI_RUNTIME;
+    }
+    cJSON_Delete(doc);
+    return rc;
+}
+
 int kw__cli_ls(int argc, char **argv)
 {
     const char *dir = NULL, *sock = NULL;
@@ -137,7 +178,9 @@ int kw__cli_ls(int argc, char **argv)
             cJSON_AddStringToObject(h, "family", f.family);
         if (f.pin_name != NULL)
             cJSON_AddStringToObject(h, "pinned", f.pin_name);
-        rc = kw__cli_via_daemon("ls", sock, "ls", h, &doc);
+        if (f.pin_name == NULL ||
+            (rc = pin_set_check(NULL, sock, f.pin_name, "kwarmd's cache")) < 0)
+            rc = kw__cli_via_daemon("ls", sock, "ls", h, &doc);
         cJSON_Delete(h);
         if (rc == KW_CLI_OK)
             kw__cli_print_ls(doc, json);
@@ -147,6 +190,10 @@ int kw__cli_ls(int argc, char **argv)
     kw_cache *c = NULL;
     if ((rc = kw__cli_cache_open("ls", dir, KW_CLI_READ, &c)) != KW_CLI_OK)
         return rc;
+    if (f.pin_name != NULL && (rc = pin_set_check(c, NULL, f.pin_name, dir)) >= 0) {
+        kw_cache_close(c);
+        return rc;
+    }
     if ((rc = kw_warm_ls(c, &f, &doc)) < 0)
         kw__cli_err("ls", "%s: %s", dir, kw_strerror(rc));
     else

@@ -97,8 +97,7 @@ static int parse(int argc, char **argv, const char **sock, int64_t *since,
                 return KW_CLI_USAGE;
             }
         } else {
-            kw__cli_err("misses", "%s: unknown argument (see kwarm misses --help)", a);
-            return KW_CLI_USAGE;
+            return kw__cli_unknown("misses", a, misses_usage, NULL);
         }
     }
     return -1;

@@ -2,16 +2,20 @@
  * command that derives keys. */
 #include "cli.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kw_err.h"
 #include "kw_parse.h"
 
 const char kw__cli_deploy_help[] =
     "Model and deployment:\n"
-    "  --model FILE               the model's config.json (flat or composite)\n"
+    "  --model FILE               the model's config.json (flat or composite);\n"
+    "                             - reads it from standard input\n"
     "  --text-config POINTER      JSON pointer of the text config (default: search\n"
     "                             thinker_config, llm_config, text_config, ...)\n"
     "  --deploy FILE              deployment as JSON (snake_case names below);\n"
@@ -109,6 +113,53 @@ int kw__cli_model_arg(kw__cli_model *a, const char *cmd, int argc, char **argv,
     return 1;
 }
 
+/* The name of a config read from standard input, in messages. */
+#define STDIN_NAME "<stdin>"
+/* The most a config may hold: common/kw_json's limit for config files. */
+#define STDIN_MAX (16u << 20)
+
+/* Reads standard input into a->text for --model -.  Prints why not and
+ * returns an exit code, else -1. */
+static int read_stdin(kw__cli_model *a, const char *cmd)
+{
+    if (isatty(STDIN_FILENO)) {
+        kw__cli_err(cmd, "--model -: standard input is a terminal; pipe or "
+                    "redirect the config into it");
+        return KW_CLI_USAGE;
+    }
+    size_t cap = 64 << 10, n = 0;
+    char *buf = malloc(cap + 1);
+    for (ssize_t r = 1; buf != NULL && r > 0;) {
+        if (n == cap) {
+            char *bigger = cap < STDIN_MAX ? realloc(buf, 2 * cap + 1) : NULL;
+            if (bigger == NULL)
+                break;
+            buf = bigger;
+            cap *= 2;
+        }
+        r = read(STDIN_FILENO, buf + n, cap - n);
+        if (r < 0 && errno == EINTR)
+            r = 1;
+        else if (r > 0)
+            n += (size_t)r;
+        else if (r < 0) {
+            kw__cli_err(cmd, "--model -: %s", strerror(errno));
+            free(buf);
+            return KW_CLI_USAGE;
+        }
+    }
+    if (buf == NULL || n > STDIN_MAX || (n == cap && cap >= STDIN_MAX)) {
+        kw__cli_err(cmd, "--model -: %s", buf ? "over 16 MiB, more than a "
+                    "config may hold" : kw_strerror(KW_ENOMEM));
+        free(buf);
+        return buf ? KW_CLI_USAGE : KW_CLI_RUNTIME;
+    }
+    buf[n] = '\0';
+    a->text = buf;
+    a->text_len = n;
+    return -1;
+}
+
 int kw__cli_model_load(kw__cli_model *a, const char *cmd)
 {
     char err[KW_CONFIG_ERRLEN];
@@ -119,7 +170,16 @@ int kw__cli_model_load(kw__cli_model *a, const char *cmd)
     }
     if (a->deploy_file != NULL)
         rc = kw_config_deploy_load(&a->dep, a->deploy_file, err, sizeof err);
-    if (rc == 0)
+    bool from_stdin = strcmp(a->model, "-") == 0;
+    if (rc == 0 && from_stdin && a->text == NULL) {
+        int code = read_stdin(a, cmd);
+        if (code >= 0)
+            return code;
+    }
+    if (rc == 0 && from_stdin)
+        rc = kw_config_load_buffer(&a->cfg, STDIN_NAME, a->text, a->text_len,
+                                   a->dep.text_config, err, sizeof err);
+    else if (rc == 0)
         rc = kw_config_load(&a->cfg, a->model, a->dep.text_config, err,
                             sizeof err);
     if (rc == 0)
@@ -130,11 +190,15 @@ int kw__cli_model_load(kw__cli_model *a, const char *cmd)
         kw__cli_err(cmd, "%s", err);
         return rc == KW_ENOMEM ? KW_CLI_RUNTIME : KW_CLI_USAGE;
     }
-    return KW_CLI_OK;
+    /* An arch NVRTC cannot build would fail every key later, one compile
+     * at a time, and count each as a compile failure (issue 24). */
+    return kw__cli_arch_check(cmd, &a->dep) < 0 ? KW_CLI_OK : KW_CLI_USAGE;
 }
 
 void kw__cli_model_destroy(kw__cli_model *a)
 {
+    free(a->text);
+    a->text = NULL;
     kw_config_model_destroy(&a->cfg);
     kw_config_deploy_destroy(&a->dep);
 }

@@ -71,12 +71,33 @@ typedef enum out_kind {
     OUT_INPLACE, /* character device or FIFO: open and write */
 } out_kind;
 
+/* True when the directory path would be created in exists. */
+static bool parent_exists(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    if (slash == NULL)
+        return true; /* the working directory */
+    char dir[4096];
+    size_t n = slash == path ? 1 : (size_t)(slash - path);
+    if (n >= sizeof dir)
+        return false;
+    memcpy(dir, path, n);
+    dir[n] = '\0';
+    struct stat st;
+    return stat(dir, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
 /* Classifies path; prints the refusal and returns an exit code, else -1
  * with *kind (and *st when the path exists, st->st_mode 0 otherwise). */
 static int classify(const char *cmd, const char *path, out_kind *kind,
                     struct stat *st)
 {
     memset(st, 0, sizeof *st);
+    if (path[0] == '\0') {
+        kw__cli_err(cmd, "-o: an empty path (name a file, or - for standard "
+                    "output)");
+        return KW_CLI_USAGE;
+    }
     if (strcmp(path, "-") == 0) {
         if (isatty(STDOUT_FILENO)) {
             kw__cli_err(cmd, "-o -: standard output is a terminal; redirect "
@@ -87,12 +108,17 @@ static int classify(const char *cmd, const char *path, out_kind *kind,
         return -1;
     }
     if (stat(path, st) < 0) {
-        if (errno == ENOENT) {
+        int e = errno;
+        if (e == ENOENT && parent_exists(path)) {
             *kind = OUT_ATOMIC;
             return -1;
         }
-        kw__cli_err(cmd, "-o %s: %s", path, strerror(errno));
-        return KW_CLI_RUNTIME;
+        /* A path that cannot name a file is bad input, as a missing
+         * --cache directory is (exit 2); EACCES and the like are not. */
+        kw__cli_err(cmd, "-o %s: %s", path, e == ENOENT
+                    ? "its directory does not exist" : strerror(e));
+        return e == ENOENT || e == ENOTDIR || e == ENAMETOOLONG
+                   ? KW_CLI_USAGE : KW_CLI_RUNTIME;
     }
     if (S_ISREG(st->st_mode))
         *kind = OUT_ATOMIC;

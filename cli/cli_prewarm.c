@@ -26,7 +26,7 @@
 static const char prewarm_usage[] =
     "usage: kwarm prewarm --model CONFIG.json [DEPLOYMENT] --cache DIR\n"
     "                     [--jobs N] [--pin NAME] [--max-size SIZE] [--json]\n"
-    "                     [--quiet] [--compile-timeout S]\n"
+    "                     [--quiet] [--compile-timeout S] [--compile-memory SIZE]\n"
     "                     [--remote redis://HOST:PORT[/DB] --remote-key-file F]\n"
     "\n"
     "Compiles every missing key of the model and deployment into the cache\n"
@@ -46,6 +46,8 @@ static const char prewarm_usage[] =
     "                             \"seconds\"} instead of the summary\n"
     "  --quiet                    no progress on stderr\n"
     "  --compile-timeout S        a compile running longer fails (120)\n"
+    "  --compile-memory SIZE      address space of a compile worker, at least\n"
+    "                             64M; past it the compile fails (4G)\n"
     "  --remote URL               fleet tier: fetch keys other nodes compiled,\n"
     "                             write back what this prewarm compiles\n"
     "  --remote-key-file F        the fleet's HMAC key file (with --remote)\n"
@@ -55,7 +57,7 @@ static const char prewarm_usage[] =
 typedef struct prewarm_opts {
     const char *cache, *pin, *remote, *remote_key;
     unsigned jobs, timeout_s;
-    uint64_t max_size;
+    uint64_t max_size, mem_limit; /* 0: the defaults */
     bool json, quiet;
 } prewarm_opts;
 
@@ -84,7 +86,12 @@ static void on_result(const kw_warm_result *r, void *arg)
         kw__cli_print_failure("prewarm", kw_keys_family_name(r->key->family),
                               r->key->arch, hex, kw_strerror(r->rc), r->log);
     }
-    kw__cli_progress_show(&t->progress, t->done, t->total);
+    kw__cli_tally sum = {
+        .hits = t->count[KW_WARM_HIT] + t->count[KW_WARM_REMOTE_HIT],
+        .compiled = t->count[KW_WARM_COMPILED],
+        .failed = t->count[KW_WARM_FAILED],
+        .cancelled = t->count[KW_WARM_CANCELLED]};
+    kw__cli_progress_show(&t->progress, t->done, t->total, &sum);
     if (r->last) {
         pthread_mutex_lock(&t->lock);
         t->finished = true;
@@ -107,6 +114,7 @@ static int run_warm(kw_cache *c, kw_remote *remote, const kw_keys_set *set,
 {
     kw_warm_opts wo = {.cache = c, .remote = remote, .jobs = o->jobs,
                        .compile_timeout_ms = o->timeout_s * 1000,
+                       .mem_limit = o->mem_limit,
                        .verify_hits = true};
     kw_warm *w = NULL;
     char err[512];
@@ -148,8 +156,9 @@ static int report(kw_cache *c, const tally *t, const kw_keys_set *set,
                cancelled, secs);
     } else {
         printf("prewarm: %zu keys: %zu compiled, %zu hits, %zu remote hits, "
-               "%zu failed in %.2f s\n", set->nkeys, t->count[KW_WARM_COMPILED],
-               t->count[KW_WARM_HIT], t->count[KW_WARM_REMOTE_HIT], failed, secs);
+               "%zu failed, %zu cancelled in %.2f s\n", set->nkeys,
+               t->count[KW_WARM_COMPILED], t->count[KW_WARM_HIT],
+               t->count[KW_WARM_REMOTE_HIT], failed, cancelled, secs);
         kw_cache_stats st;
         if (kw_cache_stats_get(c, &st) == 0)
             kw__cli_print_stats(&st, o->cache, false);
@@ -175,6 +184,39 @@ static int open_stores(const prewarm_opts *o, kw_cache **c, kw_remote **r)
     return KW_CLI_OK;
 }
 
+/* Says so when --max-size was given but the cache already stored
+ * another limit: the stored one is in force (only kwarm resize changes
+ * it), and a silent --max-size would look obeyed. */
+static void note_max_size(kw_cache *c, const prewarm_opts *o)
+{
+    kw_cache_stats st;
+    if (o->max_size == 0 || kw_cache_stats_get(c, &st) < 0 ||
+        st.max_size == o->max_size)
+        return;
+    kw__cli_err("prewarm", "warning: --max-size %llu not applied: %s already "
+                "stores a limit of %llu bytes, which stays in force (kwarm "
+                "resize --cache %s SIZE changes it)",
+                (unsigned long long)o->max_size, o->cache,
+                (unsigned long long)st.max_size, o->cache);
+}
+
+/* Says so when --remote was given but every call to it failed: the keys
+ * were compiled here and nothing was written back, which exit 0 alone
+ * would hide. */
+static void note_remote(kw_remote *r, const prewarm_opts *o)
+{
+    kw_remote_stats st;
+    if (r == NULL)
+        return;
+    kw_remote_stats_get(r, &st);
+    if (st.errors == 0 || st.hits + st.misses + st.puts > 0)
+        return;
+    kw__cli_err("prewarm", "warning: --remote %s: unreachable (%llu calls "
+                "failed); every key was looked up and compiled locally, "
+                "nothing was fetched or written back", o->remote,
+                (unsigned long long)st.errors);
+}
+
 /* Runs the prewarm proper once the keys are derived. */
 static int prewarm_keys(const kw_keys_set *set, const prewarm_opts *o)
 {
@@ -187,6 +229,7 @@ static int prewarm_keys(const kw_keys_set *set, const prewarm_opts *o)
     int rc = open_stores(o, &c, &remote);
     if (rc != KW_CLI_OK)
         return rc;
+    note_max_size(c, o);
     if (set->nkeys > 0 && kw_warm_plan_check(c, set->keys, set->nkeys, err,
                                              sizeof err) < 0) {
         kw__cli_err("prewarm", "%s: %s", o->cache, err);
@@ -200,6 +243,7 @@ static int prewarm_keys(const kw_keys_set *set, const prewarm_opts *o)
         rc = KW_CLI_RUNTIME;
     }
     kw_cache_flush(c);
+    note_remote(remote, o);
     if (rc == KW_CLI_OK)
         rc = report(c, &t, set, o, now() - t0);
     kw_remote_close(remote);
@@ -213,10 +257,19 @@ static bool take(const char **dst, int argc, char **argv, int *i)
     return (*dst = kw__cli_value("prewarm", argc, argv, i)) != NULL;
 }
 
-/* Parses --max-size and --compile-timeout; -1 to go on, else exit code. */
+/* Parses --max-size, --compile-memory and --compile-timeout; -1 to go
+ * on, else exit code.  --compile-memory has kwarmd's bound (64M). */
 static int parse_number(prewarm_opts *o, const char *arg, const char *v)
 {
     uint64_t n;
+    if (kw__cli_is(arg, "--compile-memory")) {
+        if (kw_parse_size(v, &o->mem_limit) == 0 &&
+            o->mem_limit >= (UINT64_C(64) << 20))
+            return -1;
+        kw__cli_err("prewarm", "--compile-memory: '%.32s' is not a size of at "
+                    "least 64M (bytes, or with K, M, G)", v);
+        return KW_CLI_USAGE;
+    }
     if (kw__cli_is(arg, "--max-size")) {
         if (kw_parse_size(v, &o->max_size) == 0 &&
             o->max_size >= KW_CACHE_MIN_SIZE)
@@ -257,10 +310,10 @@ static int parse_one(prewarm_opts *o, int argc, char **argv, int *i)
                                                               : NULL;
     if (str != NULL)
         return take(str, argc, argv, i) ? -1 : KW_CLI_USAGE;
-    if (kw__cli_is(arg, "--max-size") || kw__cli_is(arg, "--compile-timeout"))
+    if (kw__cli_is(arg, "--max-size") || kw__cli_is(arg, "--compile-timeout") ||
+        kw__cli_is(arg, "--compile-memory"))
         return take(&v, argc, argv, i) ? parse_number(o, arg, v) : KW_CLI_USAGE;
-    kw__cli_err("prewarm", "%s: unknown argument (see kwarm prewarm --help)", arg);
-    return KW_CLI_USAGE;
+    return kw__cli_unknown("prewarm", arg, prewarm_usage, kw__cli_deploy_help);
 }
 
 /* Parses prewarm's flags; returns -1 to go on, else an exit code. */
@@ -281,7 +334,7 @@ static int parse(kw__cli_model *a, prewarm_opts *o, int argc, char **argv)
         kw__cli_err("prewarm", "--remote and --remote-key-file go together");
         return KW_CLI_USAGE;
     }
-    return -1;
+    return kw__cli_pin_check("prewarm", o->pin); /* before any compile */
 }
 
 int kw__cli_prewarm(int argc, char **argv)

@@ -252,9 +252,8 @@ static int parse(kw__cli_model *a, verify_opts *o, int argc, char **argv)
             if ((o->cache = kw__cli_value("verify", argc, argv, &i)) == NULL)
                 return KW_CLI_USAGE;
         } else {
-            kw__cli_err("verify", "%s: unknown argument (see kwarm verify "
-                        "--help)", argv[i]);
-            return KW_CLI_USAGE;
+            return kw__cli_unknown("verify", argv[i], verify_usage,
+                                   kw__cli_deploy_help);
         }
     }
     return -1;

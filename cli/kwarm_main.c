@@ -32,15 +32,17 @@ static const command commands[] = {
 
 static void usage(FILE *out)
 {
-    fprintf(out, "usage: kwarm COMMAND [ARGS]   (kwarm COMMAND --help for more)\n\n"
+    fprintf(out, "usage: kwarm COMMAND [ARGS]   (kwarm help COMMAND, or kwarm "
+                 "COMMAND --help, for more)\n\n"
                  "kwarm derives, compiles and caches the JIT kernels of sparse-MLA\n"
                  "models (DeepSeek-V3.2/V4, GLM-5) so serving never compiles.\n\n"
                  "Commands:\n");
     for (size_t i = 0; i < NCOMMANDS; i++)
         fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
     fprintf(out, "\nOptions:\n"
-                 "  --version  print kwarm's version\n"
-                 "  -h, --help this text\n"
+                 "  --version      print kwarm's version\n"
+                 "  -h, --help     this text\n"
+                 "  help COMMAND   COMMAND's help (kwarm COMMAND --help)\n"
                  "\nExit status: 0 ok, 1 runtime failure, 2 bad input.\n");
 }
 
@@ -61,27 +63,66 @@ static int print_version(void)
     return KW_CLI_OK;
 }
 
+/* The command named name, or NULL. */
+static const command *find(const char *name)
+{
+    for (size_t i = 0; i < NCOMMANDS; i++)
+        if (strcmp(name, commands[i].name) == 0)
+            return &commands[i];
+    return NULL;
+}
+
+/* "unknown command", with the nearest command when one is near. */
+static int unknown_command(const char *arg)
+{
+    char name[65];
+    snprintf(name, sizeof name, "%s", arg);
+    for (char *p = name; *p != '\0'; p++) /* keep the error one line */
+        if ((unsigned char)*p < 0x20)
+            *p = '?';
+    const char *names[NCOMMANDS];
+    for (size_t i = 0; i < NCOMMANDS; i++)
+        names[i] = commands[i].name;
+    const char *near = kw__cli_nearest(name, names, NCOMMANDS);
+    if (near != NULL)
+        fprintf(stderr, "kwarm: unknown command '%s'; did you mean '%s'? (see "
+                "kwarm --help)\n", name, near);
+    else
+        fprintf(stderr, "kwarm: unknown command '%s' (see kwarm --help)\n",
+                name);
+    return KW_CLI_USAGE;
+}
+
+/* kwarm help [CMD]: the general usage, or CMD's own --help. */
+static int help(int argc, char **argv)
+{
+    if (argc < 3) {
+        usage(stdout);
+        return KW_CLI_OK;
+    }
+    const command *c = find(argv[2]);
+    if (c == NULL || argc > 3)
+        return c ? (fprintf(stderr, "kwarm help: one command at most\n"),
+                    KW_CLI_USAGE)
+                 : unknown_command(argv[2]);
+    char *sub[] = {argv[2], "--help", NULL};
+    return c->run(2, sub);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
         usage(stderr);
         return KW_CLI_USAGE;
     }
-    if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0 ||
-        strcmp(argv[1], "help") == 0) {
+    if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
         usage(stdout);
         return KW_CLI_OK;
     }
+    if (strcmp(argv[1], "help") == 0)
+        return help(argc, argv);
     if (strcmp(argv[1], "--version") == 0)
         return print_version();
-    for (size_t i = 0; i < NCOMMANDS; i++)
-        if (strcmp(argv[1], commands[i].name) == 0)
-            return commands[i].run(argc - 1, argv + 1);
-    char name[65];
-    snprintf(name, sizeof name, "%s", argv[1]);
-    for (char *p = name; *p != '\0'; p++) /* keep the error one line */
-        if ((unsigned char)*p < 0x20)
-            *p = '?';
-    fprintf(stderr, "kwarm: unknown command '%s' (see kwarm --help)\n", name);
-    return KW_CLI_USAGE;
+    const command *c = find(argv[1]);
+    return c ? c->run(argc - 1, argv + 1) : unknown_command(argv[1]);
 }

@@ -192,6 +192,29 @@ int kw_config_deploy_set_flag(kw_config_deploy *d, kw_config_field f,
     return 0;
 }
 
+/* "arch" as kwarm keys --json prints it, an array of strings: joined with
+ * commas, then read as the flag's list is (the same checks, the same
+ * de-duplication), so that document's "deployment" is a --deploy file. */
+static int arch_array(kw_config_deploy *d, const cJSON *arr, char *err,
+                      size_t errlen, const char *where)
+{
+    char list[KW_CONFIG_MAX_ARCH * (KW_CONFIG_ARCH_LEN + 1) + 1] = "";
+    size_t used = 0;
+    const cJSON *a;
+    cJSON_ArrayForEach(a, arr) {
+        size_t n = cJSON_IsString(a) ? strlen(a->valuestring) : 0;
+        if (!cJSON_IsString(a) || used + n + 2 > sizeof list) {
+            kw__config_errf(err, errlen, "%s: must be a string or an array "
+                            "of at most %d arch strings", where,
+                            KW_CONFIG_MAX_ARCH);
+            return KW_EDEPLOY;
+        }
+        used += (size_t)snprintf(list + used, sizeof list - used, "%s%s",
+                                 used ? "," : "", a->valuestring);
+    }
+    return set_arch_list(d, list, err, errlen, where);
+}
+
 /* Reads one member of a --deploy file into d. */
 static int load_member(kw_config_deploy *d, const cJSON *it, const char *path,
                        char *err, size_t errlen)
@@ -221,6 +244,8 @@ static int load_member(kw_config_deploy *d, const cJSON *it, const char *path,
     }
     char where[KW_CONFIG_MAX_POINTER + 300];
     snprintf(where, sizeof where, "%s: %s", path, ptr);
+    if (f == KW_CONFIG_ARCH && cJSON_IsArray(it))
+        return arch_array(d, it, err, errlen, where);
     if (f == KW_CONFIG_ARCH || f == KW_CONFIG_TEXT_CONFIG) {
         if (!cJSON_IsString(it)) {
             kw__config_errf(err, errlen, "%s: must be a string", where);

@@ -117,8 +117,9 @@ static int resolve_model_len(kw_config_deploy *d, const kw_config_model *m,
             snprintf(w, sizeof w, "%s: %s/max_position_embeddings", m->path,
                      m->text_config[1] ? m->text_config : "");
         kw__config_errf(err, errlen, "%s: max_model_len %lld exceeds 2^24 "
-                        "with dcp_world > 1 (token ids travel as fp32); pass "
-                        "--max-model-len", w, (long long)d->max_model_len);
+                        "with dcp_world > 1 (token ids travel as fp32); %s "
+                        "--max-model-len of at most 16777216", w,
+                        (long long)d->max_model_len, given ? "give a" : "pass");
         return given ? KW_EDEPLOY : KW_ECONFIG;
     }
     return 0;

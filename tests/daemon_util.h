@@ -183,7 +183,19 @@ static inline void kwd_forget(kwd *d)
 static inline pid_t kwd_spawn(const kwd *d, const char *const *args,
                               const char *log)
 {
-    const char *argv[32] = {KW_KWARMD_BIN};
+    /* KWD_TEST_AS_UID: run kwarmd as that user (gid the same number),
+     * from a copy it can reach (kw_test_stage_kwarmd): the build tree may
+     * be in root's 0700 home. */
+    const char *as = getenv("KWD_TEST_AS_UID");
+    uid_t as_uid = as ? (uid_t)strtoul(as, NULL, 10) : 0;
+    static char staged[512];
+    const char *exe = KW_KWARMD_BIN;
+    if (as_uid != 0) {
+        cr_assert_eq(kw_test_stage_kwarmd(d->dir, staged, sizeof staged), 0,
+                     "staging kwarmd in %s: %s", d->dir, strerror(errno));
+        exe = staged;
+    }
+    const char *argv[32] = {exe};
     size_t n = 1;
     for (; args[n - 1] != NULL; n++) {
         cr_assert(n < 31, "too many kwarmd arguments");
@@ -210,9 +222,6 @@ static inline pid_t kwd_spawn(const kwd *d, const char *const *args,
     int nullfd = open("/dev/null", O_RDWR | O_CLOEXEC);
     cr_assert(logfd >= 0 && nullfd >= 0, "open %s: %s", log, strerror(errno));
     pid_t parent = getpid();
-    /* KWD_TEST_AS_UID: run kwarmd as that user (gid the same number). */
-    const char *as = getenv("KWD_TEST_AS_UID");
-    uid_t as_uid = as ? (uid_t)strtoul(as, NULL, 10) : 0;
     long maxfd = sysconf(_SC_OPEN_MAX);
     if (maxfd < 0 || maxfd > 65536)
         maxfd = 65536;
@@ -234,7 +243,7 @@ static inline pid_t kwd_spawn(const kwd *d, const char *const *args,
         sigset_t none;
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);
-        execve(KW_KWARMD_BIN, (char *const *)argv, envp);
+        execve(exe, (char *const *)argv, envp);
         _exit(127);
     }
     close(logfd);

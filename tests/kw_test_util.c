@@ -11,7 +11,9 @@
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <limits.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -332,6 +334,35 @@ int kw_test_write_file(const char *dir, const char *name, const void *data,
         return -1;
     size_t n = fwrite(data, 1, len, f);
     return fclose(f) == 0 && n == len ? 0 : -1;
+}
+
+/* Copies the file at from to to, mode 0755 (whatever the umask). */
+static int copy_exe(const char *from, const char *to)
+{
+    size_t len = 0;
+    char *buf = kw_test_read_file(from, &len);
+    if (buf == NULL)
+        return -1;
+    int fd = open(to, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0755);
+    bool ok = fd >= 0 && write(fd, buf, len) == (ssize_t)len;
+    ok = fd >= 0 && close(fd) == 0 && ok;
+    free(buf);
+    return ok && chmod(to, 0755) == 0 ? 0 : -1;
+}
+
+int kw_test_stage_kwarmd(const char *dir, char *out, size_t cap)
+{
+    char bin[PATH_MAX], helper[PATH_MAX + 16];
+    if (snprintf(bin, sizeof bin, "%s/bin", dir) >= (int)sizeof bin ||
+        snprintf(out, cap, "%s/kwarmd", bin) >= (int)cap) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    snprintf(helper, sizeof helper, "%s/kwarm-compile", bin);
+    if ((mkdir(bin, 0755) < 0 && errno != EEXIST) || chmod(bin, 0755) < 0)
+        return -1;
+    return copy_exe(KW_KWARMD_BIN, out) < 0 ||
+                   copy_exe(KW_COMPILE_HELPER_BIN, helper) < 0 ? -1 : 0;
 }
 
 bool kw_test_names_pointer(const char *err, const char *ptr)

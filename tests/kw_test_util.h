@@ -62,6 +62,14 @@ void kw_test_rmtree(const char *dir);
 int kw_test_write_file(const char *dir, const char *name, const void *data,
                        size_t len, char *path, size_t cap);
 
+/* Copies the kwarmd and kwarm-compile just built into dir/bin (made mode
+ * 0755, files 0755), the kwarmd path in out (cap bytes), for a test that
+ * runs kwarmd as another user: the build tree may lie under a directory
+ * that user cannot enter (root's 0700 home), and kwarmd finds its worker
+ * beside itself.  dir must be reachable by that user.  Returns 0, or -1
+ * with errno set. */
+int kw_test_stage_kwarmd(const char *dir, char *out, size_t cap);
+
 /* True when err names the JSON pointer ptr as a whole, not as a piece of a
  * longer pointer ("/index_topk" must not match "/text_config/index_topk"). */
 bool kw_test_names_pointer(const char *err, const char *ptr);

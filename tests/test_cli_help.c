@@ -172,3 +172,103 @@ Test(cli_help, every_flag_a_command_takes_is_in_its_help)
     words_free(&cmds);
     words_free(&flags);
 }
+
+/* ---- completion and man pages (issue 24) ------------------------------- */
+
+/* The words the generated completion offers after `kwarm CMD`: the
+ * quoted list on its line "        CMD) words=\"...\" ;;" (free it). */
+static char *completion_words(const char *bash, const char *cmd)
+{
+    char key[64];
+    snprintf(key, sizeof key, "\n        %s) words=\"", cmd);
+    const char *p = strstr(bash, key);
+    cr_assert_not_null(p, "the completion has no case for %s", cmd);
+    p += strlen(key);
+    return strndup(p, strcspn(p, "\""));
+}
+
+/* The bash completion and the man pages are generated from the --help
+ * texts at build time; this holds them to the parsers themselves: after
+ * `kwarm CMD`, completion offers a flag exactly when CMD takes it. */
+Test(cli_help, completion_offers_exactly_the_flags_each_command_takes)
+{
+    setenv("KWARM_SOCKET", "/nonexistent/kwarm-help-test.sock", 1);
+    char *bash = kw_test_read_file(KW_DOC_DIR "/kwarm.bash", NULL);
+    cr_assert_not_null(bash, "%s/kwarm.bash: %s", KW_DOC_DIR, strerror(errno));
+    words cmds = {0}, flags = {0};
+    char *usage = NULL;
+    commands(&cmds, &usage);
+    source_flags(&flags);
+    size_t wrong = 0;
+    for (size_t c = 0; c < cmds.n; c++) {
+        char *offered = completion_words(bash, cmds.w[c]);
+        words off = {0};
+        scan_flags(&off, offered);
+        for (size_t f = 0; f < off.n; f++)
+            scan_flags(&flags, off.w[f]); /* probe what it offers too */
+        for (size_t f = 0; f < flags.n; f++) {
+            result r = kwarm(ARGS(cmds.w[c], flags.w[f]));
+            char unknown[128];
+            snprintf(unknown, sizeof unknown, "%s: unknown argument", flags.w[f]);
+            bool taken = strstr(r.err, unknown) == NULL;
+            result_free(&r);
+            if (taken != names_flag(offered, flags.w[f])) {
+                cr_log_error("kwarm %s %s: %s, but completion %s it", cmds.w[c],
+                             flags.w[f], taken ? "taken" : "refused",
+                             taken ? "lacks" : "offers");
+                wrong++;
+            }
+        }
+        words_free(&off);
+        free(offered);
+    }
+    cr_expect_eq(wrong, 0, "%zu flags where completion and parser disagree",
+                 wrong);
+    /* The command names, and each command's section in the man page. */
+    char *man = kw_test_read_file(KW_DOC_DIR "/kwarm.1", NULL);
+    char *mand = kw_test_read_file(KW_DOC_DIR "/kwarmd.8", NULL);
+    cr_assert(man && mand, "man pages missing from %s", KW_DOC_DIR);
+    const char *top = strstr(bash, "compgen -W \"");
+    cr_assert_not_null(top, "no command list in the completion");
+    char *list = strndup(top + 12, strcspn(top + 12, "\""));
+    for (size_t c = 0; c < cmds.n; c++) {
+        char ss[64];
+        snprintf(ss, sizeof ss, "\n.SS kwarm %s\n.nf\nusage: kwarm %s", cmds.w[c],
+                 cmds.w[c]);
+        cr_expect(strstr(man, ss) != NULL, "kwarm.1 lacks the help of %s",
+                  cmds.w[c]);
+        cr_expect(names_flag(list, cmds.w[c]), "completion lacks command %s: %s",
+                  cmds.w[c], list);
+    }
+    free(list);
+    cr_expect(strstr(mand, "--socket PATH") != NULL && strstr(mand, ".TH KWARMD 8"),
+              "kwarmd.8 is not kwarmd's help");
+    free(man);
+    free(mand);
+    free(bash);
+    free(usage);
+    words_free(&cmds);
+    words_free(&flags);
+}
+
+/* What bash itself completes, through the generated function. */
+Test(cli_help, bash_completes_commands_and_flags)
+{
+    const char *script =
+        "source \"$0\"; "
+        "COMP_WORDS=(kwarm prew); COMP_CWORD=1; _kwarm; echo \"1:${COMPREPLY[*]}\"; "
+        "COMP_WORDS=(kwarm prewarm --ca); COMP_CWORD=2; _kwarm; echo \"2:${COMPREPLY[*]}\"; "
+        "COMP_WORDS=(kwarm ls --pin); COMP_CWORD=2; _kwarm; echo \"3:${COMPREPLY[*]}\"; "
+        "COMP_WORDS=(kwarm help wa); COMP_CWORD=2; _kwarm; echo \"4:${COMPREPLY[*]}\"";
+    const char *argv[] = {"/bin/bash", "-c", script, KW_DOC_DIR "/kwarm.bash", NULL};
+    char *out = NULL, *err = NULL;
+    if (access("/bin/bash", X_OK) != 0)
+        cr_skip_test("no /bin/bash");
+    cr_assert_eq(kw_test_run(argv, &out, &err), 0, "%s", err);
+    cr_expect(strstr(out, "1:prewarm\n") != NULL, "%s", out);
+    cr_expect(strstr(out, "2:--cache\n") != NULL, "%s", out);
+    cr_expect(strstr(out, "3:--pinned\n") != NULL, "%s", out);
+    cr_expect(strstr(out, "4:warmup\n") != NULL, "%s", out);
+    free(out);
+    free(err);
+}

@@ -215,3 +215,54 @@ Test(install, service_keeps_the_socket_units_directory, .init = setup,
               "without RuntimeDirectoryPreserve=yes");
     free(unit);
 }
+
+/* True when the unit text holds a line that starts with key. */
+static bool unit_has(const char *unit, const char *key)
+{
+    size_t n = strlen(key);
+    for (const char *l = unit; l != NULL && *l != '\0';) {
+        if (strncmp(l, key, n) == 0)
+            return true;
+        l = strchr(l, '\n');
+        l = l ? l + 1 : NULL;
+    }
+    return false;
+}
+
+/* Issue 24: PartOf=kwarmd.service took the socket down with every stop or
+ * restart of the service, against the README; StateDirectory= was
+ * created and never used; the cache was not readable by group kwarm. */
+Test(install, the_socket_outlives_the_service_and_the_group_reads_the_cache,
+     .init = setup, .fini = teardown)
+{
+    install();
+    char path[256];
+    snprintf(path, sizeof path, "%s/lib/systemd/system/kwarmd.socket", prefix);
+    char *sock = kw_test_read_file(path, NULL);
+    snprintf(path, sizeof path, "%s/lib/systemd/system/kwarmd.service", prefix);
+    char *svc = kw_test_read_file(path, NULL);
+    cr_assert(sock && svc, "units not installed under %s", prefix);
+    cr_expect(!unit_has(sock, "PartOf=") && !unit_has(sock, "BindsTo="),
+              "kwarmd.socket stops with the service:\n%s", sock);
+    cr_expect(!unit_has(svc, "StateDirectory="), "unused StateDirectory=");
+    cr_expect(unit_has(svc, "UMask=0027") &&
+              unit_has(svc, "CacheDirectoryMode=2750"),
+              "the cache is not group-readable:\n%s", svc);
+    free(sock);
+    free(svc);
+}
+
+/* Issue 24: make install installs the bash completion and the man pages. */
+Test(install, completion_and_man_pages_are_installed, .init = setup,
+     .fini = teardown)
+{
+    install();
+    static const char *const files[] = {
+        "share/bash-completion/completions/kwarm", "share/man/man1/kwarm.1",
+        "share/man/man8/kwarmd.8"};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        char path[256];
+        snprintf(path, sizeof path, "%s/%s", prefix, files[i]);
+        cr_expect_eq(access(path, R_OK), 0, "%s: %s", path, strerror(errno));
+    }
+}

@@ -197,6 +197,17 @@ Test(scale, sigterm_with_100000_keys_queued_cancels_them_and_exits_0_in_5s)
               strstr(err, " keys cancelled") != NULL, "stderr: %s", err);
     cr_expect(strstr(err, "failed to compile") == NULL, "cancelled keys are not "
               "failures: %s", err);
+    /* The last progress line counts them too (issue 24: it said "N/N keys
+     * settled" and nothing of the cancelled). */
+    const char *last = NULL;
+    for (const char *q = err; (q = strstr(q, " keys settled (")) != NULL; q++)
+        last = q;
+    char line[256] = "";
+    if (last != NULL)
+        snprintf(line, sizeof line, "%.*s", (int)strcspn(last, "\n"), last);
+    cr_expect(strstr(line, " cancelled;") != NULL,
+              "the last progress line does not count the cancelled keys: %s",
+              last ? line : err);
     cr_log_info("kwarmd exited %lld ms after SIGTERM", (long long)ms);
     free(out);
     free(err);
