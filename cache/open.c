@@ -112,7 +112,10 @@ static int env_try(kw_cache *c, const char *dir, unsigned flags,
         *op = "mdb_env_set_maxreaders";
     if (rc == 0 && map && (rc = mdb_env_set_mapsize(c->env, map)) != 0)
         *op = "mdb_env_set_mapsize";
-    if (rc == 0 && (rc = mdb_env_open(c->env, dir, flags, 0600)) != 0)
+    /* 0640: members of the cache directory's group (kwarm, under the
+     * systemd unit's UMask=0027) may read the entries, never write them;
+     * a reader that cannot write lock.mdb opens read-only (below). */
+    if (rc == 0 && (rc = mdb_env_open(c->env, dir, flags, 0640)) != 0)
         *op = "mdb_env_open";
     if (rc != 0 && c->env) {
         mdb_env_close(c->env);

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "kw_cache.h"
 #include "kw_err.h"
@@ -66,6 +67,23 @@ Test(cache, put_then_get_returns_same_bytes_and_metadata)
     cr_assert_eq(n, 50000, "ENOSPC reports the size needed");
     free(buf);
     free(b);
+    kw_cache_close(c);
+}
+
+Test(cache, its_files_are_readable_by_the_group_and_nobody_else)
+{
+    mode_t old = umask(022);
+    kw_cache *c = tc_open(dir, 0, false);
+    umask(old);
+    static const char *const files[] = {"data.mdb", "lock.mdb"};
+    for (size_t i = 0; i < 2; i++) {
+        char path[600];
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        cr_assert_eq(stat(path, &st), 0, "%s", path);
+        cr_assert_eq(st.st_mode & 0777, 0640, "%s: %o", files[i],
+                     (unsigned)(st.st_mode & 0777));
+    }
     kw_cache_close(c);
 }
 
