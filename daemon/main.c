@@ -331,7 +331,7 @@ static int set_max_connections(kw_daemon_opts *o, const char *v)
 }
 
 /* --deny-root takes no value on the command line; in --config it is
- * "deny-root": true (or "true"/"false"). */
+ * "deny-root": true or false (JSON booleans). */
 static int set_deny_root(kw_daemon_opts *o, const char *v)
 {
     if (strcmp(v, "true") != 0 && strcmp(v, "false") != 0)
@@ -362,37 +362,55 @@ static int set_compile_helper(kw_daemon_opts *o, const char *v)
     return set_str(o->compile_helper, sizeof o->compile_helper, v);
 }
 
+/* The JSON types a --config member may have: a string, a number (an
+ * integer), either (sizes: 1073741824 or "1G"; ids: 0 or "root"), or a
+ * boolean.  {"jobs": "4"} is refused, not read as 4. */
+enum { CFG_STR = 1, CFG_NUM = 2, CFG_STR_NUM = 3, CFG_BOOL = 4 };
+
 static const struct option_def {
     const char *name; /* flag without "--"; the --config member name */
     setter set;
     const char *what; /* for messages */
+    int json;         /* CFG_*: the member's JSON types */
 } options[] = {
-    {"socket", set_socket, "a path shorter than 108 bytes"},
-    {"cache", set_cache, "a directory path"},
-    {"jobs", set_jobs, "an integer in [1, 256]"},
-    {"loops", set_loops, "an integer in [1, 64]"},
-    {"compile-timeout", set_compile_timeout, "seconds in [1, 86400]"},
-    {"compile-memory", set_compile_memory, "a size of at least 64M (bytes, or K/M/G)"},
-    {"compile-helper", set_compile_helper, "a file path"},
-    {"max-output", set_max_output, "a size in [64K, 16G] (bytes, or K/M/G)"},
-    {"max-connections", set_max_connections, "an integer in [1, 1000000]"},
-    {"max-keys-in-flight", set_max_keys, "an integer in [1, 4294967296]"},
-    {"max-held-reads", set_max_held, "an integer in [0, 128]"},
-    {"held-read-timeout", set_held_timeout, "milliseconds in [10, 3600000]"},
-    {"deny-root", set_deny_root, "true or false"},
-    {"log-level", set_log_level, "error, warn, info or debug"},
-    {"read-only", set_read_only, "true or false"},
-    {"max-size", set_max_size, "a size of at least 1M (bytes, or K/M/G)"},
-    {"allow-uid", set_allow_uid, "a uid or user name (at most 32)"},
-    {"allow-gid", set_allow_gid, "a gid or group name (at most 32)"},
-    {"idle-timeout", set_idle, "milliseconds in [100, 86400000]"},
-    {"socket-mode", set_socket_mode, "an octal mode like 0660 with 0600 set"},
-    {"remote", set_remote, "redis://HOST:PORT[/DB] (no password in it)"},
-    {"remote-key-file", set_remote_key, "a file path"},
-    {"remote-timeout", set_remote_timeout, "milliseconds in [10, 60000]"},
-    {"remote-lease", set_remote_lease, "milliseconds in [100, 3600000]"},
+    {"socket", set_socket, "a path shorter than 108 bytes", CFG_STR},
+    {"cache", set_cache, "a directory path", CFG_STR},
+    {"jobs", set_jobs, "an integer in [1, 256]", CFG_NUM},
+    {"loops", set_loops, "an integer in [1, 64]", CFG_NUM},
+    {"compile-timeout", set_compile_timeout, "seconds in [1, 86400]", CFG_NUM},
+    {"compile-memory", set_compile_memory,
+     "a size of at least 64M (bytes, or K/M/G)", CFG_STR_NUM},
+    {"compile-helper", set_compile_helper, "a file path", CFG_STR},
+    {"max-output", set_max_output, "a size in [64K, 16G] (bytes, or K/M/G)",
+     CFG_STR_NUM},
+    {"max-connections", set_max_connections, "an integer in [1, 1000000]",
+     CFG_NUM},
+    {"max-keys-in-flight", set_max_keys, "an integer in [1, 4294967296]",
+     CFG_NUM},
+    {"max-held-reads", set_max_held, "an integer in [0, 128]", CFG_NUM},
+    {"held-read-timeout", set_held_timeout, "milliseconds in [10, 3600000]",
+     CFG_NUM},
+    {"deny-root", set_deny_root, "true or false", CFG_BOOL},
+    {"log-level", set_log_level, "error, warn, info or debug", CFG_STR},
+    {"read-only", set_read_only, "true or false", CFG_BOOL},
+    {"max-size", set_max_size, "a size of at least 1M (bytes, or K/M/G)",
+     CFG_STR_NUM},
+    {"allow-uid", set_allow_uid, "a uid or user name (at most 32)",
+     CFG_STR_NUM},
+    {"allow-gid", set_allow_gid, "a gid or group name (at most 32)",
+     CFG_STR_NUM},
+    {"idle-timeout", set_idle, "milliseconds in [100, 86400000]", CFG_NUM},
+    {"socket-mode", set_socket_mode,
+     "an octal mode like 0660 with 0600 set (a string)", CFG_STR},
+    {"remote", set_remote, "redis://HOST:PORT[/DB] (no password in it)",
+     CFG_STR},
+    {"remote-key-file", set_remote_key, "a file path", CFG_STR},
+    {"remote-timeout", set_remote_timeout, "milliseconds in [10, 60000]",
+     CFG_NUM},
+    {"remote-lease", set_remote_lease, "milliseconds in [100, 3600000]",
+     CFG_NUM},
     {"metrics-listen", set_metrics_listen,
-     "A.B.C.D:PORT or [IPV6]:PORT (numeric, PORT 1..65535)"},
+     "A.B.C.D:PORT or [IPV6]:PORT (numeric, PORT 1..65535)", CFG_STR},
 };
 #define NOPTIONS (sizeof options / sizeof options[0])
 
@@ -411,11 +429,12 @@ static int config_value(kw_daemon_opts *o, const struct option_def *def,
 {
     char num[32];
     const char *text = NULL;
-    if (cJSON_IsString(v))
+    if (cJSON_IsString(v) && (def->json & CFG_STR))
         text = v->valuestring;
-    else if (cJSON_IsBool(v))
+    else if (cJSON_IsBool(v) && def->json == CFG_BOOL)
         text = cJSON_IsTrue(v) ? "true" : "false";
-    else if (cJSON_IsNumber(v) && v->valuedouble >= 0 &&
+    else if (cJSON_IsNumber(v) && (def->json & CFG_NUM) &&
+             v->valuedouble >= 0 &&
              v->valuedouble < 1e15 && v->valuedouble == (double)(int64_t)v->valuedouble) {
         snprintf(num, sizeof num, "%lld", (long long)v->valuedouble);
         text = num;

@@ -144,6 +144,26 @@ static void bad_config(const char *tag, const char *text, size_t len,
     kwd_forget(&d);
 }
 
+/* The other side: each JSON type where its member takes it. */
+Test(holes, a_config_of_the_right_types_starts_kwarmd)
+{
+    static const char ok[] =
+        "{\"jobs\": 2, \"max-size\": \"64M\", \"max-output\": 1048576,\n"
+        " \"read-only\": false, \"log-level\": \"info\", "
+        "\"socket-mode\": \"0600\"}\n";
+    kwd d;
+    kwc c;
+    kwd_init(&d, "kwh-ok");
+    char path[300];
+    cr_assert_eq(kw_test_write_file(d.dir, "c.json", ok, sizeof ok - 1, path,
+                                    sizeof path), 0);
+    const char *extra[] = {"--config", path, NULL};
+    kwd_start(&d, 1, extra);
+    kwc_must_open(&c, d.sock);
+    kwc_expect_pong(&c, "kwarmd started from a typed --config");
+    kwd_down(&d, &c);
+}
+
 Test(holes, config_goes_through_the_strict_reader)
 {
     static const char dup[] = "{\n  \"jobs\": 2,\n  \"jobs\": 3\n}\n";
@@ -152,6 +172,14 @@ Test(holes, config_goes_through_the_strict_reader)
     bad_config("kwh-bom", bom, sizeof bom - 1, "line 1");
     static const char badv[] = "{\n  \"loops\": 2,\n  \"jobs\": \"many\"\n}\n";
     bad_config("kwh-val", badv, sizeof badv - 1, ":3: /jobs: must be");
+    /* Each member has its JSON type: no number in a string, no boolean
+     * in a string, no mode as a (decimal) number. */
+    static const char snum[] = "{\n  \"jobs\": \"4\"\n}\n";
+    bad_config("kwh-snum", snum, sizeof snum - 1, ":2: /jobs: must be an integer");
+    static const char sbool[] = "{\"read-only\": \"true\"}";
+    bad_config("kwh-sbool", sbool, sizeof sbool - 1, "/read-only: must be true or false");
+    static const char nmode[] = "{\"socket-mode\": 660}";
+    bad_config("kwh-nmode", nmode, sizeof nmode - 1, "/socket-mode: must be");
     static const char unk[] = "{\n\n  \"frobnicate\": 1\n}\n";
     bad_config("kwh-unk", unk, sizeof unk - 1, ":3: /frobnicate: unknown option");
     size_t big = (1u << 20) + 10;
