@@ -20,6 +20,8 @@
 
 #include "kw_alloc.h"
 #include "kw_err.h"
+#include "kw_jit.h"
+#include "kw_launch.h"
 #include "log.h"
 
 #define NOUTCOMES 6
@@ -262,6 +264,18 @@ int kw__key_from_json(const cJSON *h, kw_keys_key *k, char *err, size_t errlen)
             return KW_EINVAL;
         }
         k->fields[i] = cJSON_IsBool(v) ? cJSON_IsTrue(v) : (int64_t)v->valuedouble;
+    }
+    /* Refused here, before any compile is tried or counted as failed. */
+    if (!kw_jit_arch_valid(k->arch)) {
+        snprintf(err, errlen, "get: /arch: %s is not an architecture the "
+                 "linked NVRTC builds", k->arch);
+        return KW_EINVAL;
+    }
+    if (kw_launch_fields_check((int)k->family, k->fields) != 0) {
+        snprintf(err, errlen, "get: /fields: no %s kernel takes these values "
+                 "(kwarm get --fields names the one at fault)",
+                 fam->valuestring);
+        return KW_EINVAL;
     }
     return kw_keys_digest(k, k->digest);
 }

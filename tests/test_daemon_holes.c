@@ -144,6 +144,37 @@ static void bad_config(const char *tag, const char *text, size_t len,
     kwd_forget(&d);
 }
 
+/* A get naming an arch NVRTC cannot build, or fields no kernel takes, is
+ * refused with one ERROR naming the member, and nothing is compiled. */
+static void bad_get(kwc *c, const char *arch, int topk, const char *want)
+{
+    cJSON *g = cJSON_CreateObject();
+    cJSON_AddStringToObject(g, "family", "indexer_topk");
+    cJSON *f = cJSON_AddObjectToObject(g, "fields");
+    cJSON_AddNumberToObject(f, "topk", topk);
+    cJSON_AddBoolToObject(f, "windowed", 0);
+    cJSON_AddStringToObject(g, "arch", arch);
+    kwr r = kwc_call(c, KW_PROTO_GET, g, NULL);
+    kwr_expect_type(&r, KW_PROTO_ERROR, want);
+    const char *msg = kwr_str(&r, "error");
+    cr_expect(strstr(msg, want) != NULL, "want \"%s\": %s", want, msg);
+    kwr_free(&r);
+    cJSON_Delete(g);
+}
+
+Test(holes, a_get_kwarmd_cannot_compile_is_refused_before_any_compile)
+{
+    kwd d;
+    kwc c;
+    kwd_up(&d, "kwh-badget", 1, NULL, &c);
+    bad_get(&c, "sm_35", 2048, "/arch: sm_35");
+    bad_get(&c, "sm_90", -1, "/fields: no indexer_topk kernel");
+    bad_get(&c, "sm_90", 0, "/fields: no indexer_topk kernel");
+    cr_expect_eq(kwc_stat(&c, "compiles_started"), 0);
+    kwc_expect_pong(&c, "after three refused gets");
+    kwd_down(&d, &c);
+}
+
 /* The other side: each JSON type where its member takes it. */
 Test(holes, a_config_of_the_right_types_starts_kwarmd)
 {
