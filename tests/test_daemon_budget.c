@@ -7,6 +7,7 @@
  * finally reads gets every item and the RESULT.
  */
 #include "daemon_util.h"
+#include "watch_util.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -36,67 +37,8 @@ static double ping_bound_ms(void)
     return load > (double)sysconf(_SC_NPROCESSORS_ONLN) ? 20.0 : 5.0;
 }
 
-static long rss_anon_kib(pid_t pid)
-{
-    char path[64], line[256];
-    long kib = -1;
-    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "r");
-    cr_assert_not_null(f, "%s", path);
-    while (fgets(line, sizeof line, f) != NULL)
-        if (sscanf(line, "RssAnon: %ld kB", &kib) == 1)
-            break;
-    fclose(f);
-    return kib;
-}
-
 /* ---- a well-behaved client, pinging throughout ---------------------------- */
 
-typedef struct pinger {
-    const char *sock;
-    _Atomic bool stop;
-    double lat[100000];
-    size_t n;
-    int failed;
-} pinger;
-
-static void *ping_main(void *arg)
-{
-    pinger *p = arg;
-    kwc c;
-    if (kwc_open(&c, p->sock) != 0) {
-        p->failed = 1;
-        return NULL;
-    }
-    while (!atomic_load(&p->stop) && p->n < 100000) {
-        struct timespec a, b;
-        kwr r;
-        clock_gettime(CLOCK_MONOTONIC, &a);
-        if (kwc_send(&c, KW_PROTO_PING, NULL) != 0 || kwc_recv(&c, &r, 1000) != 0) {
-            p->failed = 2;
-            break;
-        }
-        clock_gettime(CLOCK_MONOTONIC, &b);
-        p->failed |= r.type != KW_PROTO_PONG ? 4 : 0;
-        kwr_free(&r);
-        p->lat[p->n++] = (b.tv_sec - a.tv_sec) * 1e3 + (b.tv_nsec - a.tv_nsec) / 1e6;
-        kwd_nap_ms(1); /* a pace, not a synchronisation: ~1000 pings/s */
-    }
-    kwc_close(&c);
-    return NULL;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double p99(pinger *p)
-{
-    qsort(p->lat, p->n, sizeof *p->lat, cmp_double);
-    return p->n ? p->lat[(p->n * 99) / 100] : 0;
-}
 
 /* ---- non-readers ---------------------------------------------------------- */
 
@@ -119,7 +61,7 @@ static long wait_parked(const kwd *d, const int *fds, size_t n)
     int64_t deadline = kwd_now_ms() + 120000, still_since = kwd_now_ms();
     long peak = 0, last_total = -1;
     for (;;) {
-        long total = 0, rss = rss_anon_kib(d->pid);
+        long total = 0, rss = kwd_rss_anon_kib(d->pid);
         bool all = true;
         for (size_t i = 0; i < n; i++) {
             int p = pending(fds[i]);
@@ -175,7 +117,7 @@ static size_t drain(kwc *c, kwr *fin)
 typedef struct scene {
     kwd d;
     kwc good;
-    pinger *p;
+    kwd_pinger *p;
     pthread_t th;
     long rss0;
 } scene;
@@ -184,11 +126,12 @@ static void scene_up(scene *s, const char *tag, const char *const *extra)
 {
     kwd_up(&s->d, tag, 1, extra, &s->good);
     kwc_expect_pong(&s->good, "start");
-    s->rss0 = rss_anon_kib(s->d.pid);
+    s->rss0 = kwd_rss_anon_kib(s->d.pid);
     s->p = calloc(1, sizeof *s->p);
     cr_assert_not_null(s->p);
     s->p->sock = s->d.sock;
-    cr_assert_eq(pthread_create(&s->th, NULL, ping_main, s->p), 0);
+    s->p->pace_ms = 1; /* ~1000 pings/s */
+    cr_assert_eq(pthread_create(&s->th, NULL, kwd_ping_main, s->p), 0);
 }
 
 /* Stops the pinger and checks the well-behaved client was served and
@@ -197,7 +140,7 @@ static void scene_check(scene *s, long rss, const char *what)
 {
     atomic_store(&s->p->stop, true);
     pthread_join(s->th, NULL);
-    double q = p99(s->p);
+    double q = kwd_pinger_p99(s->p);
     cr_log_info("%s: RssAnon %ld KiB at start, %ld KiB settled (+%ld); %zu "
                 "pings, p99 %.3f ms", what, s->rss0, rss, rss - s->rss0,
                 s->p->n, q);
@@ -322,7 +265,7 @@ Test(budget, eight_unread_all_hit_warmups_pause_their_lookups)
     cJSON *h = v4_hdr(scene_dcp());
     double keys = warm_all(&s, h);
     double hits0 = kwc_stat(&s.good, "warm_hits");
-    s.rss0 = rss_anon_kib(s.d.pid);
+    s.rss0 = kwd_rss_anon_kib(s.d.pid);
     kwc c[8];
     int fds[8];
     send_all(&s, c, 8, KW_PROTO_WARMUP, h);
@@ -356,7 +299,7 @@ Test(budget, eight_unread_ls_of_a_large_cache_stay_within_the_budget)
     scene_up(&s, "kwb-ls", (const char *const[]){"--max-output", "64K", NULL});
     cJSON *h = v4_hdr(scene_dcp());
     double keys = warm_all(&s, h);
-    s.rss0 = rss_anon_kib(s.d.pid);
+    s.rss0 = kwd_rss_anon_kib(s.d.pid);
     kwc c[8];
     int fds[8];
     send_all(&s, c, 8, KW_PROTO_LS, NULL);

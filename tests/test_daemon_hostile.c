@@ -3,6 +3,7 @@
  * kwarmd's descriptors and anonymous memory come back to where they were.
  */
 #include "daemon_util.h"
+#include "watch_util.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -16,22 +17,6 @@ TestSuite(hostile, .fini = kwd_cleanup);
 #define V32 "deepseek-v3.2-exp.json"
 
 /* ---- what kwarmd holds ---------------------------------------------------- */
-
-/* RssAnon of pid in KiB (anonymous resident memory: the heap, not the
- * LMDB map, whose pages belong to the page cache). */
-static long rss_anon_kib(pid_t pid)
-{
-    char path[64], line[256];
-    long kib = -1;
-    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "r");
-    cr_assert_not_null(f, "%s", path);
-    while (fgets(line, sizeof line, f) != NULL)
-        if (sscanf(line, "RssAnon: %ld kB", &kib) == 1)
-            break;
-    fclose(f);
-    return kib;
-}
 
 static int fd_count(pid_t pid)
 {
@@ -55,7 +40,7 @@ static void expect_back_to(const kwd *d, int fds0, long rss0, const char *when)
     long rss;
     for (;;) {
         fds = fd_count(d->pid);
-        rss = rss_anon_kib(d->pid);
+        rss = kwd_rss_anon_kib(d->pid);
         bool ok = fds <= fds0 + fds0 / 10 + 1 && rss <= rss0 + rss0 / 10 + 2048;
 #ifdef __SANITIZE_ADDRESS__
         ok = fds <= fds0 + fds0 / 10 + 1;
@@ -156,7 +141,7 @@ Test(hostile, a_client_that_pipelines_gets_and_never_reads_is_bounded_and_droppe
     char digest[65];
     big_cubin(&c, digest);
     kwc_expect_pong(&c, "warm");
-    long rss0 = rss_anon_kib(d.pid);
+    long rss0 = kwd_rss_anon_kib(d.pid);
     int fds0 = fd_count(d.pid);
     cJSON *g = cJSON_CreateObject();
     cJSON_AddStringToObject(g, "digest", digest);
@@ -180,7 +165,7 @@ Test(hostile, a_client_that_pipelines_gets_and_never_reads_is_bounded_and_droppe
         }
         kwc_close(&ok);
     }
-    long grown = rss_anon_kib(d.pid) - rss0;
+    long grown = kwd_rss_anon_kib(d.pid) - rss0;
     cr_expect_lt(grown, 64 * 1024, "RssAnon grew by %ld KiB", grown);
     cr_log_info("RssAnon grew by %ld KiB with the hostile client queued", grown);
     /* Nothing leaves for --idle-timeout: dropped, with a log line. */
@@ -284,7 +269,7 @@ Test(hostile, five_thousand_idle_connections_and_a_good_client)
     const char *extra[] = {"--max-connections", "6000", NULL};
     kwd_up(&d, "kwh-idle", 1, extra, &c);
     int fds0 = fd_count(d.pid);
-    long rss0 = rss_anon_kib(d.pid);
+    long rss0 = kwd_rss_anon_kib(d.pid);
     int *fd = malloc(5000 * sizeof *fd);
     for (int i = 0; i < 5000; i++)
         fd[i] = raw_connect(d.sock, false);
@@ -309,7 +294,7 @@ Test(hostile, a_hundred_thousand_connects_and_disconnects)
     kwc c;
     kwd_up(&d, "kwh-churn", 1, NULL, &c);
     int fds0 = fd_count(d.pid);
-    long rss0 = rss_anon_kib(d.pid);
+    long rss0 = kwd_rss_anon_kib(d.pid);
     for (int i = 0; i < 100000; i++)
         close(raw_connect(d.sock, false));
     kwc_expect_pong(&c, "after 100000 connects");
@@ -325,7 +310,7 @@ Test(hostile, random_bytes_at_full_speed_are_refused_and_others_served)
     kwc c;
     kwd_up(&d, "kwh-noise", 1, NULL, &c);
     int fds0 = fd_count(d.pid);
-    long rss0 = rss_anon_kib(d.pid);
+    long rss0 = kwd_rss_anon_kib(d.pid);
     uint8_t junk[65536];
     unsigned seed = 12345;
     for (int k = 0; k < 50; k++) {

@@ -8,6 +8,7 @@
  * while an evict waits for another process's LMDB writer lock.
  */
 #include "daemon_util.h"
+#include "watch_util.h"
 
 #include <lmdb.h>
 #include <pthread.h>
@@ -215,52 +216,6 @@ Test(scale, sigterm_with_100000_keys_queued_cancels_them_and_exits_0_in_5s)
 
 /* ---- the loop thread stays responsive ------------------------------------ */
 
-/* Pings over c until *stop, each within 1 s; records each latency (ms)
- * in lat (cap entries).  Returns how many. */
-typedef struct pinger {
-    const char *sock;
-    _Atomic bool stop;
-    double lat[200000];
-    size_t n;
-    int failed;
-} pinger;
-
-static void *ping_main(void *arg)
-{
-    pinger *p = arg;
-    kwc c;
-    if (kwc_open(&c, p->sock) != 0) {
-        p->failed = 1;
-        return NULL;
-    }
-    while (!atomic_load(&p->stop) && p->n < 200000) {
-        struct timespec a, b;
-        kwr r;
-        clock_gettime(CLOCK_MONOTONIC, &a);
-        if (kwc_send(&c, KW_PROTO_PING, NULL) != 0 || kwc_recv(&c, &r, 1000) != 0) {
-            p->failed = 2;
-            break;
-        }
-        clock_gettime(CLOCK_MONOTONIC, &b);
-        p->failed |= r.type != KW_PROTO_PONG ? 4 : 0;
-        kwr_free(&r);
-        p->lat[p->n++] = (b.tv_sec - a.tv_sec) * 1e3 + (b.tv_nsec - a.tv_nsec) / 1e6;
-    }
-    kwc_close(&c);
-    return NULL;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double p99(pinger *p)
-{
-    qsort(p->lat, p->n, sizeof *p->lat, cmp_double);
-    return p->n ? p->lat[(p->n * 99) / 100] : 0;
-}
 
 Test(scale, pings_are_answered_while_20000_keys_are_submitted)
 {
@@ -268,10 +223,10 @@ Test(scale, pings_are_answered_while_20000_keys_are_submitted)
     kwd d;
     kwc c;
     kwd_up(&d, "kwd-ping", 2, NULL, &c);
-    pinger *p = calloc(1, sizeof *p);
+    kwd_pinger *p = calloc(1, sizeof *p);
     p->sock = d.sock;
     pthread_t th;
-    cr_assert_eq(pthread_create(&th, NULL, ping_main, p), 0);
+    cr_assert_eq(pthread_create(&th, NULL, kwd_ping_main, p), 0);
     cJSON *h = model_hdr(V4, 1600, "sm_90,sm_100"); /* about 20,000 keys */
     size_t frames, n;
     cr_assert_eq(kwc_send(&c, KW_PROTO_WARMUP, h), 0);
@@ -283,7 +238,7 @@ Test(scale, pings_are_answered_while_20000_keys_are_submitted)
     cr_expect_eq(p->failed, 0, "a ping went unanswered for 1 s (or failed)");
     cr_expect(p->n >= 10, "only %zu pings during the warmup", p->n);
     cr_log_info("%zu pings during a %g-key warmup: p99 %.3f ms", p->n,
-                kwr_num(&r, "keys"), p99(p));
+                kwr_num(&r, "keys"), kwd_pinger_p99(p));
     kwr_free(&r);
     cJSON_Delete(h);
     free(p);
@@ -341,10 +296,10 @@ Test(scale, pings_are_answered_while_an_evict_waits_for_the_writer_lock)
     pid_t holder = hold_writer(d.cache, &release);
     kwc_must_open(&e, d.sock);
     cr_assert_eq(kwc_send(&e, KW_PROTO_EVICT, ev), 0); /* blocks on the lock */
-    pinger *p = calloc(1, sizeof *p);
+    kwd_pinger *p = calloc(1, sizeof *p);
     p->sock = d.sock;
     pthread_t th;
-    cr_assert_eq(pthread_create(&th, NULL, ping_main, p), 0);
+    cr_assert_eq(pthread_create(&th, NULL, kwd_ping_main, p), 0);
     kwr none;
     int rc = kwc_recv(&e, &none, 500); /* no reply while the lock is held */
     cr_expect_eq(rc, -ETIMEDOUT, "the evict answered while the writer held "
@@ -354,7 +309,7 @@ Test(scale, pings_are_answered_while_an_evict_waits_for_the_writer_lock)
     cr_expect_eq(p->failed, 0, "a ping went unanswered for 1 s");
     cr_expect(p->n >= 10, "only %zu pings while the evict waited", p->n);
     cr_log_info("%zu pings while an evict waited for the writer lock: p99 %.3f ms",
-                p->n, p99(p));
+                p->n, kwd_pinger_p99(p));
     cr_assert_eq(write(release, "g", 1), 1);
     close(release);
     int st;
