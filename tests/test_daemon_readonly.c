@@ -97,26 +97,34 @@ Test(daemon_readonly, read_only_flag_serves_hits_and_compiles_nothing)
     expect_read_only_daemon(&d, "is read-only (--read-only)");
 }
 
+/* Starts kwarmd as nobody on d's cache (root's, which nobody cannot
+ * write) and waits for READY=1.  Root only. */
+static void start_as_nobody(kwd *d)
+{
+    struct passwd *pw = getpwnam("nobody");
+    cr_assert_not_null(pw);
+    /* nobody needs its socket's directory and the notify socket. */
+    cr_assert_eq(chmod(d->dir, 0777), 0);
+    cr_assert_eq(chmod(d->notify, 0777), 0);
+    const char *args[] = {"--socket", d->sock, "--cache", d->cache, "--jobs",
+                          "1", NULL};
+    char uid[16];
+    snprintf(uid, sizeof uid, "%u", (unsigned)pw->pw_uid);
+    cr_assert_eq(setenv("KWD_TEST_AS_UID", uid, 1), 0);
+    d->pid = kwd_spawn(d, args, d->log);
+    cr_assert_eq(unsetenv("KWD_TEST_AS_UID"), 0);
+    kwd_wait_ready(d);
+}
+
 Test(daemon_readonly, a_cache_it_cannot_write_makes_kwarmd_read_only)
 {
     if (geteuid() != 0)
         cr_skip_test("not root: cannot run kwarmd as nobody");
     cr_assert_eq(setenv("KWARM_TEST_INSTANT_COMPILE", "1", 1), 0);
-    struct passwd *pw = getpwnam("nobody");
-    cr_assert_not_null(pw);
     kwd d;
     kwd_init(&d, "kwro-nobody");
     prewarm(d.cache);
-    /* nobody needs its socket's directory and the notify socket. */
-    cr_assert_eq(chmod(d.dir, 0777), 0);
-    cr_assert_eq(chmod(d.notify, 0777), 0);
-    const char *args[] = {"--socket", d.sock, "--cache", d.cache, "--jobs", "1",
-                          NULL};
-    char uid[16];
-    snprintf(uid, sizeof uid, "%u", (unsigned)pw->pw_uid);
-    cr_assert_eq(setenv("KWD_TEST_AS_UID", uid, 1), 0);
-    d.pid = kwd_spawn(&d, args, d.log);
-    kwd_wait_ready(&d);
+    start_as_nobody(&d);
     expect_read_only_daemon(&d, "is read-only (not writable here)");
 }
 
@@ -240,13 +248,9 @@ Test(daemon_readonly, a_lockless_cache_serves_only_checked_bytes_to_a_slow_reade
     if (geteuid() != 0)
         cr_skip_test("not root: cannot run kwarmd as nobody");
     cr_assert_eq(setenv("KWARM_TEST_INSTANT_COMPILE", "204800", 1), 0);
-    struct passwd *pw = getpwnam("nobody");
-    cr_assert_not_null(pw);
     kwd d;
     kwd_init(&d, "kwro-nolock");
     prewarm(d.cache);
-    cr_assert_eq(chmod(d.dir, 0777), 0);
-    cr_assert_eq(chmod(d.notify, 0777), 0);
     /* the entry's bytes, as root reads them */
     kw_cache_opts ro = {.dir = d.cache, .read_only = true};
     kw_cache *rc = NULL;
@@ -268,14 +272,7 @@ Test(daemon_readonly, a_lockless_cache_serves_only_checked_bytes_to_a_slow_reade
     cr_assert_eq(kw_cache_get(rc, digest, &want, &want_len, NULL), 0);
     kw_cache_close(rc);
     cr_assert_eq(want_len, 204800);
-    const char *args[] = {"--socket", d.sock, "--cache", d.cache, "--jobs", "1",
-                          NULL};
-    char uid[16];
-    snprintf(uid, sizeof uid, "%u", (unsigned)pw->pw_uid);
-    cr_assert_eq(setenv("KWD_TEST_AS_UID", uid, 1), 0);
-    d.pid = kwd_spawn(&d, args, d.log);
-    cr_assert_eq(unsetenv("KWD_TEST_AS_UID"), 0);
-    kwd_wait_ready(&d);
+    start_as_nobody(&d);
     churn ch = {.dir = d.cache, .digest = digest, .blob = want, .len = want_len};
     pthread_t th;
     cr_assert_eq(pthread_create(&th, NULL, churn_main, &ch), 0);
