@@ -125,6 +125,17 @@ static inline void tmp_teardown(void)
     kw_test_rmtree(tmpdir);
 }
 
+/* tmpdir/name, in one of 4 static buffers (one argument list may name up
+ * to 4 such paths). */
+static inline const char *tmp_at(const char *name)
+{
+    static char path[4][128];
+    static unsigned next;
+    char *p = path[next++ % 4];
+    snprintf(p, sizeof path[0], "%s/%s", tmpdir, name);
+    return p;
+}
+
 /* Writes len bytes to tmpdir/name; returns a new path string (free it). */
 static inline char *tmp_file(const char *name, const char *data, size_t len)
 {

@@ -10,17 +10,6 @@
 
 TestSuite(cli_check, .init = tmp_setup, .fini = tmp_teardown);
 
-/* A path under tmpdir (one of 4 static buffers: one argument list may
- * name up to 4). */
-static const char *at(const char *name)
-{
-    static char path[4][128];
-    static unsigned next;
-    char *p = path[next++ % 4];
-    snprintf(p, sizeof path[0], "%s/%s", tmpdir, name);
-    return p;
-}
-
 /* ---- --pin --------------------------------------------------------------- */
 
 Test(cli_check, a_bad_pin_name_is_refused_before_any_compile)
@@ -31,12 +20,12 @@ Test(cli_check, a_bad_pin_name_is_refused_before_any_compile)
         /* The cache need not exist: the pin is refused first, so nothing
          * was created, derived or compiled. */
         expect_bad_input("prewarm --pin", ARGS("prewarm", "--model", V32,
-                         "--cache", at("c"), "--pin", bad[i]),
+                         "--cache", tmp_at("c"), "--pin", bad[i]),
                          NEEDLES("--pin", "not a pin set name"));
         struct stat st;
-        cr_expect(stat(at("c"), &st) < 0, "prewarm created its cache");
+        cr_expect(stat(tmp_at("c"), &st) < 0, "prewarm created its cache");
         expect_bad_input("warmup --pin", ARGS("warmup", "--model", V32,
-                         "--socket", at("no.sock"), "--pin", bad[i]),
+                         "--socket", tmp_at("no.sock"), "--pin", bad[i]),
                          NEEDLES("--pin", "not a pin set name"));
     }
 }
@@ -49,7 +38,7 @@ Test(cli_check, a_good_pin_name_goes_on_to_the_next_step)
         "0123456789012345678901234567890123456789012345678901234567890123"};
     for (size_t i = 0; i < N(good); i++) {
         result r = kwarm(ARGS("warmup", "--model", V32, "--socket",
-                              at("no.sock"), "--pin", good[i]));
+                              tmp_at("no.sock"), "--pin", good[i]));
         cr_expect_eq(r.status, 1, "exit %d: %s", r.status, r.err);
         cr_expect(strstr(r.err, "--pin") == NULL, "%s", r.err);
         result_free(&r);
@@ -82,8 +71,8 @@ Test(cli_check, an_arch_nvrtc_cannot_build_is_refused_by_every_command)
     const char *const *cases[][2] = {
         {ARGS("keys", "--model", V32, "--arch", "sm_35"),
          ARGS("keys", "--model", V32, "--arch", below)},
-        {ARGS("prewarm", "--model", V32, "--cache", at("c"), "--arch", "sm_35"),
-         ARGS("prewarm", "--model", V32, "--cache", at("c"), "--arch", below)},
+        {ARGS("prewarm", "--model", V32, "--cache", tmp_at("c"), "--arch", "sm_35"),
+         ARGS("prewarm", "--model", V32, "--cache", tmp_at("c"), "--arch", below)},
         {ARGS("warmup", "--model", V32, "--socket", "/nonexistent/s",
               "--arch", "sm_35"),
          ARGS("warmup", "--model", V32, "--socket", "/nonexistent/s",
@@ -97,13 +86,13 @@ Test(cli_check, an_arch_nvrtc_cannot_build_is_refused_by_every_command)
         expect_bad_input(cases[i][1][0], cases[i][1], NEEDLES(below));
     }
     struct stat st;
-    cr_expect(stat(at("c"), &st) < 0, "prewarm created its cache");
+    cr_expect(stat(tmp_at("c"), &st) < 0, "prewarm created its cache");
     result r = kwarm(ARGS("keys", "--model", V32, "--arch", lowest));
     cr_expect_eq(r.status, 0, "keys --arch %s: %s", lowest, r.err);
     result_free(&r);
     expect_bad_input("get --arch", ARGS("get", "--family", "dcp_stable_topk",
                      "--fields", "topk=1,num_candidates=1", "--arch", "sm_35",
-                     "--cache", at("c"), "-o", at("k")),
+                     "--cache", tmp_at("c"), "-o", tmp_at("k")),
                      NEEDLES("--arch sm_35", "cannot build"));
 }
 
@@ -144,23 +133,23 @@ static const field_case field_cases[] = {
 
 Test(cli_check, get_fields_names_the_field_and_what_it_allows)
 {
-    cr_assert_eq(mkdir(at("c"), 0700), 0);
+    cr_assert_eq(mkdir(tmp_at("c"), 0700), 0);
     for (size_t i = 0; i < N(field_cases); i++) {
         const field_case *fc = &field_cases[i];
         /* With --cache and through kwarmd alike (no daemon runs: the key
          * is refused before any connect). */
         expect_bad_input(fc->field, ARGS("get", "--family", fc->family,
                          "--fields", fc->bad, "--arch", "sm_90", "--cache",
-                         at("c"), "-o", at("k")),
+                         tmp_at("c"), "-o", tmp_at("k")),
                          NEEDLES("--fields", fc->field, "must be"));
         expect_bad_input(fc->field, ARGS("get", "--family", fc->family,
                          "--fields", fc->bad, "--arch", "sm_90", "--socket",
-                         at("no.sock"), "-o", at("k")),
+                         tmp_at("no.sock"), "-o", tmp_at("k")),
                          NEEDLES("--fields", fc->field, "must be"));
         /* Just inside: a miss the cache cannot serve, exit 1. */
         result r = kwarm(ARGS("get", "--family", fc->family, "--fields",
-                              fc->good, "--arch", "sm_90", "--cache", at("c"),
-                              "-o", at("k"), "--no-compile"));
+                              fc->good, "--arch", "sm_90", "--cache", tmp_at("c"),
+                              "-o", tmp_at("k"), "--no-compile"));
         cr_expect_eq(r.status, 1, "[%s] exit %d: %s", fc->good, r.status, r.err);
         cr_expect(strstr(r.err, "not cached") != NULL, "%s", r.err);
         result_free(&r);
@@ -169,34 +158,34 @@ Test(cli_check, get_fields_names_the_field_and_what_it_allows)
 
 Test(cli_check, fields_that_fail_only_together_are_refused_as_such)
 {
-    cr_assert_eq(mkdir(at("c"), 0700), 0);
+    cr_assert_eq(mkdir(tmp_at("c"), 0700), 0);
     expect_bad_input("rank", ARGS("get", "--family", "compressed_slot_mapping",
                      "--fields", "compress_ratio=4,triton_block_size=128,"
                      "block_size=16,dcp_world_size=2,dcp_rank=2,"
                      "cp_kv_cache_interleave_size=1", "--arch", "sm_90",
-                     "--cache", at("c"), "-o", at("k")),
+                     "--cache", tmp_at("c"), "-o", tmp_at("k")),
                      NEEDLES("name no kernel together", "rank"));
     expect_bad_input("prefill", ARGS("get", "--family", "indexer_logits",
                      "--fields", "heads=64,head_dim=128,paged=false,"
                      "page_rows=64,next_n=1", "--arch", "sm_90", "--cache",
-                     at("c"), "-o", at("k")),
+                     tmp_at("c"), "-o", tmp_at("k")),
                      NEEDLES("name no kernel together", "page_rows 0"));
 }
 
 /* A refused key is bad input: nothing compiled, nothing counted. */
 Test(cli_check, a_refused_key_is_not_a_compile_failure)
 {
-    cr_assert_eq(mkdir(at("c"), 0700), 0);
+    cr_assert_eq(mkdir(tmp_at("c"), 0700), 0);
     result r = kwarm(ARGS("get", "--family", "dcp_stable_topk", "--fields",
                           "topk=1,num_candidates=16384", "--arch", "sm_90",
-                          "--cache", at("c"), "-o", at("k"), "--no-compile"));
+                          "--cache", tmp_at("c"), "-o", tmp_at("k"), "--no-compile"));
     cr_assert_eq(r.status, 1, "%s", r.err); /* a miss; the cache exists now */
     result_free(&r);
     expect_bad_input("topk", ARGS("get", "--family", "dcp_stable_topk",
                      "--fields", "topk=-1,num_candidates=16384", "--arch",
-                     "sm_90", "--cache", at("c"), "-o", at("k")),
+                     "sm_90", "--cache", tmp_at("c"), "-o", tmp_at("k")),
                      NEEDLES("topk=-1"));
-    r = kwarm(ARGS("stats", "--cache", at("c"), "--json"));
+    r = kwarm(ARGS("stats", "--cache", tmp_at("c"), "--json"));
     cr_assert_eq(r.status, 0, "%s", r.err);
     cJSON *st = cJSON_Parse(r.out);
     cr_assert_not_null(st, "%s", r.out);

@@ -7,16 +7,6 @@
 
 TestSuite(cli_operator, .init = tmp_setup, .fini = tmp_teardown);
 
-/* A path under tmpdir (one of 4 static buffers). */
-static const char *at(const char *name)
-{
-    static char path[4][128];
-    static unsigned next;
-    char *p = path[next++ % 4];
-    snprintf(p, sizeof path[0], "%s/%s", tmpdir, name);
-    return p;
-}
-
 /* Expects exit `want` and needle on stderr. */
 static void expect_exit(const char *label, const char *const *args, int want,
                         const char *needle)
@@ -32,11 +22,11 @@ static void expect_exit(const char *label, const char *const *args, int want,
 /* A cache with nothing in it yet: a get that misses creates it. */
 static const char *empty_cache(void)
 {
-    const char *c = at("cache");
+    const char *c = tmp_at("cache");
     cr_assert_eq(mkdir(c, 0700), 0);
     result r = kwarm(ARGS("get", "--family", "dcp_stable_topk", "--fields",
                           "topk=1,num_candidates=1", "--arch", "sm_90",
-                          "--cache", c, "-o", at("k"), "--no-compile"));
+                          "--cache", c, "-o", tmp_at("k"), "--no-compile"));
     cr_assert_eq(r.status, 1, "%s", r.err);
     result_free(&r);
     return c;
@@ -48,8 +38,8 @@ static const char *empty_cache(void)
  * directory with no cache and a file that is not LMDB are bad input. */
 Test(cli_operator, every_cache_command_gives_2_for_a_path_that_is_no_cache)
 {
-    cr_assert_eq(mkdir(at("empty"), 0700), 0);
-    cr_assert_eq(mkdir(at("junk"), 0700), 0);
+    cr_assert_eq(mkdir(tmp_at("empty"), 0700), 0);
+    cr_assert_eq(mkdir(tmp_at("junk"), 0700), 0);
     free(tmp_file("junk/data.mdb", "not lmdb, just bytes", 20));
     free(tmp_file("file", "x", 1));
     static const char *const cmds[] = {"stats", "ls", "pins", "evict",
@@ -60,7 +50,7 @@ Test(cli_operator, every_cache_command_gives_2_for_a_path_that_is_no_cache)
     for (size_t c = 0; c < N(cmds); c++)
         for (size_t p = 0; p < N(paths); p++) {
             char dir[128];
-            snprintf(dir, sizeof dir, "%s", at(paths[p]));
+            snprintf(dir, sizeof dir, "%s", tmp_at(paths[p]));
             const char *const *args =
                 strcmp(cmds[c], "evict") == 0 ? ARGS(cmds[c], "--cache", dir, "--unpinned")
                 : strcmp(cmds[c], "unpin") == 0 ? ARGS(cmds[c], "--cache", dir, "x")
@@ -99,20 +89,20 @@ Test(cli_operator, get_o_empty_or_in_a_missing_directory_is_bad_input)
     expect_bad_input("-o ''", ARGS("get", "--digest", "0123456789abcdef",
                      "--cache", c, "-o", ""), NEEDLES("-o", "empty path"));
     expect_bad_input("-o missing/x", ARGS("get", "--digest", "0123456789abcdef",
-                     "--cache", c, "-o", at("nodir/k")),
+                     "--cache", c, "-o", tmp_at("nodir/k")),
                      NEEDLES("nodir/k", "directory does not exist"));
 }
 
 Test(cli_operator, stats_json_and_prometheus_conflict)
 {
-    expect_bad_input("stats", ARGS("stats", "--socket", at("s"), "--json",
+    expect_bad_input("stats", ARGS("stats", "--socket", tmp_at("s"), "--json",
                      "--prometheus"), NEEDLES("--json and --prometheus"));
-    expect_bad_input("stats", ARGS("stats", "--socket", at("s"),
+    expect_bad_input("stats", ARGS("stats", "--socket", tmp_at("s"),
                      "--prometheus", "--json"), NEEDLES("--json and --prometheus"));
-    expect_bad_input("stats", ARGS("stats", "--cache", at("c"), "--prometheus"),
+    expect_bad_input("stats", ARGS("stats", "--cache", tmp_at("c"), "--prometheus"),
                      NEEDLES("--prometheus: asks kwarmd", "give one"));
-    expect_bad_input("stats", ARGS("stats", "--cache", at("c"), "--socket",
-                     at("s")), NEEDLES("--socket: asks kwarmd", "give one"));
+    expect_bad_input("stats", ARGS("stats", "--cache", tmp_at("c"), "--socket",
+                     tmp_at("s")), NEEDLES("--socket: asks kwarmd", "give one"));
 }
 
 Test(cli_operator, a_socket_path_that_is_a_file_is_not_a_socket)
@@ -120,7 +110,7 @@ Test(cli_operator, a_socket_path_that_is_a_file_is_not_a_socket)
     free(tmp_file("plain", "x", 1));
     static const char *const cmds[] = {"ping", "stats", "ls", "pins"};
     for (size_t i = 0; i < N(cmds); i++)
-        expect_bad_input(cmds[i], ARGS(cmds[i], "--socket", at("plain")),
+        expect_bad_input(cmds[i], ARGS(cmds[i], "--socket", tmp_at("plain")),
                          NEEDLES("plain", "not a socket"));
 }
 
@@ -128,7 +118,7 @@ Test(cli_operator, no_daemon_says_how_to_start_one)
 {
     static const char *const cmds[] = {"ping", "stats", "ls", "pins"};
     for (size_t i = 0; i < N(cmds); i++)
-        expect_exit(cmds[i], ARGS(cmds[i], "--socket", at("none.sock")), 1,
+        expect_exit(cmds[i], ARGS(cmds[i], "--socket", tmp_at("none.sock")), 1,
                     "is it running? Start one with kwarmd --socket");
 }
 
@@ -199,7 +189,7 @@ Test(cli_operator, prewarm_says_the_fleet_tier_was_unreachable)
     char *kf = tmp_file("fleet.key", key, sizeof key);
     cr_assert_eq(chmod(kf, 0600), 0);
     /* Port 1 on loopback: nothing listens, every call fails at once. */
-    result r = kwarm(ARGS("prewarm", "--model", V32, "--cache", at("c"),
+    result r = kwarm(ARGS("prewarm", "--model", V32, "--cache", tmp_at("c"),
                           "--remote", "redis://127.0.0.1:1", "--remote-key-file",
                           kf, "--quiet", "--jobs", "2"));
     cr_expect_eq(r.status, 0, "%s", r.err);
@@ -214,7 +204,7 @@ Test(cli_operator, prewarm_says_the_fleet_tier_was_unreachable)
 Test(cli_operator, progress_lines_split_hits_and_compiles_with_the_time)
 {
     cr_assert_eq(setenv("KWARM_TEST_INSTANT_COMPILE", "1", 1), 0);
-    result r = kwarm(ARGS("prewarm", "--model", V32, "--cache", at("c"),
+    result r = kwarm(ARGS("prewarm", "--model", V32, "--cache", tmp_at("c"),
                           "--jobs", "2"));
     cr_expect_eq(r.status, 0, "%s", r.err);
     cr_expect(strstr(r.err, "prewarm: 26/26 keys settled (0 hits, 26 compiled, "
@@ -222,7 +212,7 @@ Test(cli_operator, progress_lines_split_hits_and_compiles_with_the_time)
     cr_expect(strstr(r.out, "26 compiled, 0 hits, 0 remote hits, 0 failed, 0 "
                             "cancelled in") != NULL, "%s", r.out);
     result_free(&r);
-    r = kwarm(ARGS("prewarm", "--model", V32, "--cache", at("c"), "--jobs", "2"));
+    r = kwarm(ARGS("prewarm", "--model", V32, "--cache", tmp_at("c"), "--jobs", "2"));
     cr_expect(strstr(r.err, "prewarm: 26/26 keys settled (26 hits, 0 compiled, "
                             "0 failed; ") != NULL, "%s", r.err);
     result_free(&r);
@@ -314,12 +304,12 @@ Test(cli_operator, model_dash_reads_the_config_from_stdin)
 
 Test(cli_operator, prewarm_takes_compile_memory_as_kwarmd_does)
 {
-    expect_bad_input("63M", ARGS("prewarm", "--model", V32, "--cache", at("c"),
+    expect_bad_input("63M", ARGS("prewarm", "--model", V32, "--cache", tmp_at("c"),
                      "--compile-memory", "63M"),
                      NEEDLES("--compile-memory", "at least 64M"));
     /* 64M of address space: NVRTC cannot even start, so every key fails
      * with the reason; the limit reached the workers. */
-    result r = kwarm(ARGS("prewarm", "--model", V32, "--cache", at("c"),
+    result r = kwarm(ARGS("prewarm", "--model", V32, "--cache", tmp_at("c"),
                           "--compile-memory", "64M", "--jobs", "1", "--quiet"));
     cr_expect_eq(r.status, 1, "%s", r.err);
     cr_expect(strstr(r.out, "26 failed") != NULL, "%s", r.out);
@@ -349,7 +339,7 @@ Test(cli_operator, every_command_gives_2_for_an_unknown_flag_or_a_missing_file)
         ARGS("keys", "--model", missing),
         ARGS("diff", "--model", missing, "--against", V32),
         ARGS("diff", "--model", V32, "--against", missing),
-        ARGS("prewarm", "--model", missing, "--cache", at("c")),
+        ARGS("prewarm", "--model", missing, "--cache", tmp_at("c")),
         ARGS("warmup", "--model", missing),
         ARGS("verify", "--model", missing),
         ARGS("keys", "--model", V32, "--deploy", missing)};
@@ -366,7 +356,7 @@ Test(cli_operator, the_progress_bar_on_a_terminal_splits_and_times_too)
     cr_assert_eq(setenv("KWARM_TEST_INSTANT_COMPILE", "1", 1), 0);
     char cmd[512];
     snprintf(cmd, sizeof cmd, "%s prewarm --model %s --cache %s --jobs 2 "
-             "--json", KW_KWARM_BIN, V32, at("c"));
+             "--json", KW_KWARM_BIN, V32, tmp_at("c"));
     const char *argv[] = {"/usr/bin/script", "-q", "-e", "-c", cmd,
                           "/dev/null", NULL};
     char *out = NULL, *err = NULL;
