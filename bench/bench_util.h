@@ -28,18 +28,22 @@ static inline int bench_help(int argc, char **argv, const char *usage)
     return 0;
 }
 
-/* Derives the keys of model under DCP world `world` and rank `rank`
- * ("all" or a number); prints the error and returns it on failure. */
-static inline int bench_derive(const char *model, const char *world,
-                               const char *rank, kw_keys_set *set)
+/* Derives the keys of model under DCP world `world`, rank `rank` ("all"
+ * or a number) and the --arch list `arch` (NULL: each of rank and arch
+ * left at its default); prints the error and returns it on failure. */
+static inline int bench_derive_arch(const char *model, const char *world,
+                                    const char *rank, const char *arch,
+                                    kw_keys_set *set)
 {
     char err[KW_CONFIG_ERRLEN] = "";
     kw_config_model m;
     kw_config_deploy d;
     kw_config_deploy_init(&d);
     int rc = kw_config_deploy_set_flag(&d, KW_CONFIG_DCP_WORLD, world, err, sizeof err);
-    if (rc == 0)
+    if (rc == 0 && rank != NULL)
         rc = kw_config_deploy_set_flag(&d, KW_CONFIG_DCP_RANK, rank, err, sizeof err);
+    if (rc == 0 && arch != NULL)
+        rc = kw_config_deploy_set_flag(&d, KW_CONFIG_ARCH, arch, err, sizeof err);
     if (rc == 0 && (rc = kw_config_load(&m, model, NULL, err, sizeof err)) == 0) {
         rc = kw_config_resolve(&d, &m, err, sizeof err);
         if (rc == 0)
@@ -50,6 +54,12 @@ static inline int bench_derive(const char *model, const char *world,
     if (rc < 0)
         fprintf(stderr, "bench: %s\n", err);
     return rc;
+}
+
+static inline int bench_derive(const char *model, const char *world,
+                               const char *rank, kw_keys_set *set)
+{
+    return bench_derive_arch(model, world, rank, NULL, set);
 }
 
 static inline double bench_now_ns(void)
