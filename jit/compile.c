@@ -10,6 +10,7 @@
 
 #include <limits.h>
 #include <nvrtc.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -111,20 +112,31 @@ static bool parse_arch(const char *arch, int *num, char *suffix)
     return *p == '\0';
 }
 
+/* NVRTC's supported archs, asked once: kwarmd checks the arch of every
+ * get by family and fields, a path that should neither allocate nor call
+ * NVRTC each time. */
+#define MAX_ARCHS 128
+static int g_archs[MAX_ARCHS];
+static int g_narchs;
+static pthread_once_t g_archs_once = PTHREAD_ONCE_INIT;
+
+static void archs_init_once(void)
+{
+    int n = 0;
+    if (nvrtcGetNumSupportedArchs(&n) != NVRTC_SUCCESS || n <= 0 ||
+        n > MAX_ARCHS || nvrtcGetSupportedArchs(g_archs) != NVRTC_SUCCESS)
+        return;
+    g_narchs = n;
+}
+
 /* True when NVRTC lists sm_<num> in nvrtcGetSupportedArchs(). */
 static bool nvrtc_supports(int num)
 {
-    int n = 0;
-    if (nvrtcGetNumSupportedArchs(&n) != NVRTC_SUCCESS || n <= 0)
-        return false;
-    int *list = malloc((size_t)n * sizeof(*list));
-    bool found = false;
-    if (list && nvrtcGetSupportedArchs(list) == NVRTC_SUCCESS) {
-        for (int i = 0; i < n && !found; i++)
-            found = list[i] == num;
-    }
-    free(list);
-    return found;
+    pthread_once(&g_archs_once, archs_init_once);
+    for (int i = 0; i < g_narchs; i++)
+        if (g_archs[i] == num)
+            return true;
+    return false;
 }
 
 bool kw_jit_arch_valid(const char *arch)
