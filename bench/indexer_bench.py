@@ -58,6 +58,9 @@ def timed(fn, iters):
     return statistics.median(ms)
 
 
+_STREAMS = {}  # torch stream handle -> cupy.cuda.ExternalStream
+
+
 class Kernel:
     """A kwarm cubin loaded through cupy, launched on torch tensors."""
 
@@ -75,8 +78,12 @@ class Kernel:
             else:
                 conv.append(cupy.int32(a))
         # On torch's current stream, so that events and CUDA graphs
-        # captured through torch see the launch.
-        st = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+        # captured through torch see the launch (one cupy wrapper per
+        # stream, not one per launch).
+        h = torch.cuda.current_stream().cuda_stream
+        st = _STREAMS.get(h)
+        if st is None:
+            st = _STREAMS[h] = cupy.cuda.ExternalStream(h)
         self.fn(grid, (self.meta["threads"],), tuple(conv),
                 shared_mem=self.meta["shmem"], stream=st)
 
