@@ -200,7 +200,7 @@ def prefill(kern, iters, res, peers=True):
     out = torch.empty(T, N, device="cuda")
     flops = 2.0 * H * D * float((ke - ks).sum().item())
     qb = kern.meta["queries"]
-    grid = ((T + qb - 1) // qb,)
+    grid = ((T + qb - 1) // qb, prefill_split(kern, T, N))
     args = [q.view(torch.uint8), w, k.view(torch.uint8), ksc, ks, ke, T, N, N, out]
     ms = timed(lambda: kern(grid, args), iters)
     res["prefill_ms"] = ms
@@ -256,19 +256,31 @@ def blocks_per_sm(kern):
         return 2
 
 
+def prefill_split(kern, rows, num_k):
+    """Grid y of a prefill launch: launch/op_indexer.c's prefill_split (a
+    grid under one wave of resident blocks gets 4 waves' worth of parts,
+    at most one per 8192 rows of num_k; else 1)."""
+    qb = kern.meta["queries"]
+    x = (rows + qb - 1) // qb
+    slots = blocks_per_sm(kern) * torch.cuda.get_device_properties(0).multi_processor_count
+    if x >= slots:
+        return 1
+    return max(1, min((4 * slots + x - 1) // x, num_k // 8192))
+
+
 def decode_split(blocks, tiles, per_sm):
-    """Blocks per request for the decode grid (any split is correct, see
-    kw_kernels.h): the one of 1..80 whose grid fills its last wave of
-    resident blocks best, weighed by how evenly the 64-row tiles divide
-    among the warpgroups; ties go to the smaller split (fewer block
-    start-ups: a block's set-up and pipeline fill cost about ten tiles)."""
+    """Blocks per request for the decode grid: launch/op_indexer.c's
+    decode_split (any split is correct, see kw_kernels.h): the one of
+    1..max(80, one wave) whose grid fills its last wave of resident blocks
+    best, weighed by how evenly the 64-row tiles divide among the
+    warpgroups, less 5% per wave; ties go to the smaller split."""
     slots = per_sm * torch.cuda.get_device_properties(0).multi_processor_count
     best = (0.0, 1)
-    for s in range(1, 81):
+    for s in range(1, max(80, slots // blocks) + 1):
         waves = blocks * s / slots
         per_wg = tiles / (2 * s)
         eff = waves / math.ceil(waves) * per_wg / math.ceil(per_wg)
-        eff *= 1.0 - 0.01 * math.ceil(waves)   # each wave: another start-up
+        eff *= 1.0 - 0.05 * math.ceil(waves)   # each wave: another start-up
         if eff > best[0] + 1e-9:
             best = (eff, s)
     return best[1]

@@ -92,6 +92,7 @@ typedef unsigned long long kw_u64;
 typedef unsigned char kw_u8;
 
 #define IL_TILE 128
+#define IL_PART_TILES 64 /* tiles of a prefill part at least (grid y) */
 #define IL_SMEM_BUDGET 217088
 
 __host__ __device__ constexpr int il_pow2ceil(int x)
@@ -725,6 +726,15 @@ __device__ __forceinline__ void il_block_union(il_block<QB> &bk,
         bk.lo = 0;
 }
 
+/* Parts a prefill block's union window is split into over grid y: one
+ * per IL_PART_TILES tiles, at least 1, at most gridDim.y. */
+template <int QB>
+__device__ __forceinline__ int il_parts(const il_block<QB> &bk)
+{
+    const int n = (bk.hi + IL_ROWS - 1) / IL_ROWS - bk.lo / IL_ROWS;
+    return max(1, min((int)gridDim.y, n / IL_PART_TILES));
+}
+
 /* Entry point.  Prefill: (q, w, k, k_scale, ks, ke, num_rows, num_k,
  * stride, logits); decode: (q, w, k_pages, k_scale_pages, block_table,
  * row_end, num_reqs, width, max_rows, logits); see kw_kernels.h. */
@@ -749,6 +759,20 @@ __global__ void __launch_bounds__(il_threads(H, D, PAGED),
     L lp(il_smem);
     il_block<QB> bk;
     lp.bt = il_block_start<QB, PAGED, NEXT_N>(bk, ia, ib, x, y, z, lo, hi);
+    /* A prefill block past its window's parts (grid y, below) fills its
+     * share and leaves before loading anything: it holds an SM's shared
+     * memory, and a grid of such blocks would queue on the few SMs the
+     * working blocks leave free. */
+    if (!PAGED && gridDim.y > 1) {
+        __syncthreads();
+        il_block_union(bk, lo, hi);
+        if ((int)blockIdx.y >= il_parts(bk)) {
+            il_fill_part<QB, L::NT>(bk, bk.lo / IL_ROWS * IL_ROWS,
+                                    (bk.hi + IL_ROWS - 1) / IL_ROWS * IL_ROWS,
+                                    (int)blockIdx.y, (int)gridDim.y, out);
+            return;
+        }
+    }
     constexpr bool TMA = IL_WGMMA && PAGED;
     il_load_queries<H, D, HP, NQ, TMA, L::NT>(
         il_smem, (float *)(il_smem + NQ * D + L::S * IL_TILE * (D + 4)), q, w,
@@ -769,12 +793,19 @@ __global__ void __launch_bounds__(il_threads(H, D, PAGED),
         for (int t = lp.tlo + count * lp.tstep; t < tend; t += lp.tstep)
             il_fill<QB, L::NT>(bk, t * IL_ROWS, (t + 1) * IL_ROWS, out);
     } else {
+        /* Grid y (launch/'s prefill split, for grids under one wave):
+         * the columns outside the union window are filled in gridDim.y
+         * near-equal shares, and its tiles split into as many near-equal
+         * parts as it holds IL_PART_TILES, at most gridDim.y; the blocks
+         * past them only fill (a part's set-up costs about four tiles). */
+        const int ny = (int)gridDim.y, y = (int)blockIdx.y, np = il_parts(bk);
         first = bk.lo / IL_ROWS;
-        lp.tlo = first;
-        lp.tstep = 1;
         count = thi - first;
-        il_fill<QB, L::NT>(bk, 0, first * IL_ROWS, out);
-        il_fill<QB, L::NT>(bk, thi * IL_ROWS, bk.limit, out);
+        const int t0 = first + (int)((long long)count * min(y, np) / np);
+        lp.tlo = t0;
+        lp.tstep = 1;
+        count = y < np ? first + (int)((long long)count * (y + 1) / np) - t0 : 0;
+        il_fill_part<QB, L::NT>(bk, first * IL_ROWS, thi * IL_ROWS, y, ny, out);
     }
     /* Decode: warpgroup w takes the block's tiles w, w + 2, ...; prefill:
      * every tile, for its QW queries. */

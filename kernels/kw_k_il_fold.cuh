@@ -160,4 +160,19 @@ __device__ __forceinline__ void il_fill(const il_block<QB> &bk, int c0,
             out[(bk.row0 + qq) * bk.stride + n] = ninf;
 }
 
+/* Part y of ny of the columns outside [a, b) (below a, then from b to
+ * the limit), in near-equal shares, written -inf. */
+template <int QB, int NT>
+__device__ __forceinline__ void il_fill_part(const il_block<QB> &bk, int a,
+                                             int b, int y, int ny,
+                                             float *__restrict__ out)
+{
+    const long long n = (long long)a + (bk.limit > b ? bk.limit - b : 0);
+    const int f0 = (int)(n * y / ny), f1 = (int)(n * (y + 1) / ny);
+    if (f0 < a)
+        il_fill<QB, NT>(bk, f0, f1 < a ? f1 : a, out);
+    if (f1 > a)
+        il_fill<QB, NT>(bk, b + (f0 > a ? f0 : a) - a, b + f1 - a, out);
+}
+
 #endif /* KW_K_IL_FOLD_CUH */

@@ -120,7 +120,11 @@ typedef struct kw_k_dev {
  *       e4m3), const float *w [T][H], const uint8 *k [N][D], const float
  *       *k_scale [N], const int *ks, const int *ke, int num_rows (T),
  *       int num_k (N), int stride, float *logits [T][stride].
- *       Grid: ceil(T / kw_k_logits_queries()) blocks.  Block:
+ *       Grid: (ceil(T / kw_k_logits_queries()), split): any split >= 1
+ *       (block y fills its share of the columns outside the block's
+ *       window and, of a window of n tiles of 64 rows, computes part y of
+ *       min(split, n / 64) near-equal parts); launch/ splits only a grid
+ *       under one wave of resident blocks.  Block:
  *       kw_k_block_threads() threads: 512 (four warpgroups, each scoring
  *       its own queries against every 64-row K tile of the block's
  *       window, the tiles shared) when the heads, padded to a power of

@@ -130,6 +130,14 @@ void kw__launch_params_stable(const int64_t *f, const kw_launch_deploy *d,
 
 /* ---- indexer_logits, prefill (§4.6) ---------------------------------- */
 
+/* The prefill split's bounds (prefill_split): waves of resident blocks
+ * wanted when the grid is under one, and rows of num_k per part at least
+ * (the kernel itself never gives a part under 4096 rows of its window;
+ * at num_k 8192, 2048 causal queries of H 32, grid y 2 cost 33% while its
+ * blocks past their parts still loaded their queries). */
+#define KW_LAUNCH_PREFILL_WAVES 4u
+#define KW_LAUNCH_PREFILL_PART_ROWS 8192u
+
 int kw__launch_dispatch_logits(const kw_launch_deploy *d, const int64_t *a,
                                int64_t *f, char *err, size_t errlen)
 {
@@ -179,12 +187,48 @@ int kw__launch_check_logits(const kw_launch_deploy *d, const int64_t *f,
                            T * stride, err, errlen);
 }
 
+/* Resident blocks of the key per SM: shared memory (228 KiB an SM, 1
+ * KiB reserved per block, as on sm_90) and 2048 threads an SM. */
+static unsigned logits_per_sm(const int64_t *f)
+{
+    unsigned threads = kw_launch_threads(5, f);
+    unsigned per_sm = 233472u / (kw_launch_shmem(5, f) + 1024u);
+    if (per_sm > 2048u / threads)
+        per_sm = 2048u / threads;
+    return per_sm ? per_sm : 1;
+}
+
+/* Parts each prefill block's window may be split into over grid y (any
+ * split is correct).  Only a grid under one wave of resident blocks is
+ * split: there SMs are idle for certain, and windows of unequal length
+ * (context-parallel chunks) leave the long blocks alone at the end.  It
+ * then gets KW_LAUNCH_PREFILL_WAVES waves, at most one part per
+ * KW_LAUNCH_PREFILL_PART_ROWS rows of num_k; the kernel uses only as many
+ * parts as its window holds 4096 rows (64 tiles), and the rest of the
+ * blocks only share the -inf fill.  On the H200 a part's set-up and
+ * pipeline fill cost about four tiles, and a grid of two or more waves
+ * gained nothing from splitting (docs/perf.md). */
+static uint64_t prefill_split(const int64_t *f, uint64_t blocks,
+                              uint64_t num_k, unsigned sm)
+{
+    uint64_t slots = (uint64_t)logits_per_sm(f) * (sm ? sm : 1);
+    if (blocks >= slots)
+        return 1;
+    uint64_t want = (KW_LAUNCH_PREFILL_WAVES * slots + blocks - 1) / blocks;
+    uint64_t most = num_k / KW_LAUNCH_PREFILL_PART_ROWS;
+    if (want > most)
+        want = most;
+    return want ? want : 1;
+}
+
 void kw__launch_grid_logits(const int64_t *f, const int64_t *a, unsigned sm,
                             uint64_t grid[3])
 {
-    (void)sm;
     uint64_t qb = kw_launch_logits_queries(5, f);
     grid[0] = ((uint64_t)a[KW_LAUNCH_LOGITS_NUM_ROWS] + qb - 1) / qb;
+    grid[1] = grid[0] ? prefill_split(f, grid[0],
+                                      (uint64_t)a[KW_LAUNCH_LOGITS_NUM_K], sm)
+                      : 1;
 }
 
 void kw__launch_params_logits(const int64_t *f, const kw_launch_deploy *d,
@@ -252,27 +296,27 @@ int kw__launch_check_paged(const kw_launch_deploy *d, const int64_t *f,
 }
 
 /* Blocks per request of the decode grid (any split is correct): the one
- * of 1..80 whose grid fills its last wave of resident blocks best, weighed
- * by how evenly the 64-row tiles divide among the block's two
- * warpgroups, less 1% per wave (each wave pays a block's set-up and
- * pipeline fill, about ten tiles); ties go to the smaller split.
- * Resident blocks per SM follow the shared memory (228 KiB an SM, 1 KiB
- * reserved per block, as on sm_90) and 2048 threads an SM. */
+ * whose grid fills its last wave of resident blocks best, weighed by how
+ * evenly the 64-row tiles divide among the block's two warpgroups, less
+ * 5% per wave (each wave pays its blocks' set-up and pipeline fill: on
+ * the H200, 32 requests of 65,536 rows took 80 us in one wave against 88
+ * in three); ties go to the smaller split.  Splits up to 80, or up to one
+ * wave when fewer blocks than that fill it (one request: 5.9 us at 264
+ * blocks against 8.9 at 74).  Resident blocks per SM: logits_per_sm(). */
 static uint64_t decode_split(const int64_t *f, uint64_t blocks,
                              uint64_t tiles, unsigned sm)
 {
-    unsigned threads = kw_launch_threads(5, f);
-    unsigned per_sm = 233472u / (kw_launch_shmem(5, f) + 1024u);
-    if (per_sm > 2048u / threads)
-        per_sm = 2048u / threads;
-    double slots = (double)(per_sm ? per_sm : 1) * sm;
+    double slots = (double)logits_per_sm(f) * sm;
+    uint64_t most = (uint64_t)slots / blocks;
+    if (most < 80)
+        most = 80;
     double best = 0.0;
     uint64_t split = 1;
-    for (uint64_t s = 1; s <= 80; s++) {
+    for (uint64_t s = 1; s <= most; s++) {
         double waves = (double)blocks * (double)s / slots;
         double per_wg = (double)tiles / (2.0 * (double)s);
         double eff = waves / ceil(waves) * per_wg / ceil(per_wg);
-        eff *= 1.0 - 0.01 * ceil(waves);
+        eff *= 1.0 - 0.05 * ceil(waves);
         if (eff > best + 1e-9) {
             best = eff;
             split = s;

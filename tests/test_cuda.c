@@ -299,6 +299,107 @@ Test(cuda, gpu_indexer_logits_short_of_threads_fails_not_hangs,
     kw_cuda_close(c);
 }
 
+/* Random inputs of a prefill logits launch of T queries over N rows,
+ * stride N + 3: fp8 bytes that are never NaN (e4m3's 0x7f, 0xff), row
+ * scales and weights in (0, 1), and windows of every kind: empty, whole,
+ * causal, random, and the two mirrored chunks of context parallelism. */
+static void logits_random(kw_cuda *c, uint64_t *d, int T, int N)
+{
+    const size_t n8[] = {(size_t)T * 64 * 128, (size_t)N * 128};
+    const int s8[] = {0, 2};
+    uint32_t x = 12345;
+    for (int b = 0; b < 2; b++) {
+        unsigned char *h = malloc(n8[b]);
+        for (size_t i = 0; i < n8[b]; i++) {
+            x = x * 1664525u + 1013904223u;
+            h[i] = (unsigned char)(x >> 24);
+            if ((h[i] & 0x7f) == 0x7f)
+                h[i] ^= 1;
+        }
+        cr_assert_eq(kw_cuda_h2d(c, d[s8[b]], h, n8[b]), 0);
+        free(h);
+    }
+    const size_t nf[] = {(size_t)T * 64, (size_t)N};
+    const int sf[] = {1, 3};
+    for (int b = 0; b < 2; b++) {
+        float *h = malloc(nf[b] * 4);
+        for (size_t i = 0; i < nf[b]; i++) {
+            x = x * 1664525u + 1013904223u;
+            h[i] = (float)((x >> 8) + 1) / 16777217.0f;
+        }
+        cr_assert_eq(kw_cuda_h2d(c, d[sf[b]], h, nf[b] * 4), 0);
+        free(h);
+    }
+    int ks[64], ke[64];
+    for (int t = 0; t < T; t++) {
+        x = x * 1664525u + 1013904223u;
+        int kind = t % 5, r = (int)(x >> 8) % N;
+        ks[t] = kind == 3 ? r / 2 : 0;
+        ke[t] = kind == 0   ? r / 2
+                : kind == 1 ? N
+                : kind == 2 ? N - T + t + 1
+                : kind == 3 ? r / 2 + (int)(x % (uint32_t)(N - r / 2))
+                            : (t < T / 2 ? N / 8 : N - N / 8) + t;
+        if (kind == 0)
+            ks[t] = ke[t]; /* empty */
+    }
+    cr_assert_eq(kw_cuda_h2d(c, d[4], ks, (size_t)T * 4), 0);
+    cr_assert_eq(kw_cuda_h2d(c, d[5], ke, (size_t)T * 4), 0);
+}
+
+/* The prefill split (grid y, launch/'s prefill_split) changes which block
+ * computes and fills which columns, never a value: every split writes
+ * the same bits as one block per query group, every column included
+ * (the output is poisoned before each launch). */
+Test(cuda, gpu_indexer_logits_split_over_grid_y_writes_the_same_bits,
+     .timeout = 120)
+{
+    kw_cuda *c = open_gpu();
+    kw_keys_key k = {.family = KW_K_INDEXER_LOGITS,
+                     .fields = {64, 128, 0, 0, 1}};
+    device_arch(c, k.arch, sizeof(k.arch));
+    kw_jit_result r;
+    cr_assert_eq(kw_keys_compile(&k, false, &r), 0, "%s", r.log ? r.log : "");
+    kw_cuda_fn *fn = NULL;
+    cr_assert_eq(kw_cuda_load(c, r.cubin, r.cubin_len, r.lowered_name, &fn),
+                 0, "%s", kw_cuda_last_error(c));
+    kw_jit_result_destroy(&r);
+    enum { T = 40, N = 40000, STRIDE = N + 3 };
+    uint64_t d[10] = {0};
+    logits_buffers(c, d, T, STRIDE);
+    logits_random(c, d, T, N);
+    int t = T, n = N, stride = STRIDE;
+    void *args[] = {&d[0], &d[1], &d[2], &d[3], &d[4],
+                    &d[5], &t,    &n,    &stride, &d[9]};
+    unsigned qb = kw_k_logits_queries(k.family, k.fields);
+    unsigned block[3] = {kw_k_block_threads(k.family, k.fields), 1, 1};
+    unsigned shmem = kw_k_shmem_bytes(k.family, k.fields);
+    const size_t bytes = (size_t)T * STRIDE * 4;
+    float *want = malloc(bytes), *got = malloc(bytes);
+    static const unsigned ys[] = {1, 2, 3, 4, 7, 20, 141};
+    for (size_t i = 0; i < sizeof(ys) / sizeof(ys[0]); i++) {
+        unsigned grid[3] = {(T + qb - 1) / qb, ys[i], 1};
+        cr_assert_eq(kw_cuda_memset(c, d[9], 0x7f, bytes), 0);
+        cr_assert_eq(kw_cuda_launch(fn, grid, block, shmem, args), 0);
+        cr_assert_eq(kw_cuda_sync(c), 0, "%s", kw_cuda_last_error(c));
+        cr_assert_eq(kw_cuda_d2h(c, i ? got : want, d[9], bytes), 0);
+        if (i == 0)
+            continue;
+        size_t bad = 0, first = 0;
+        for (size_t j = 0; j < (size_t)T * STRIDE; j++)
+            if ((j % STRIDE) < N && memcmp(&got[j], &want[j], 4) != 0 && !bad++)
+                first = j;
+        cr_assert_eq(bad, 0, "split %u: %zu values differ, first at query "
+                     "%zu row %zu", ys[i], bad, first / STRIDE, first % STRIDE);
+    }
+    free(want);
+    free(got);
+    for (int i = 0; i < 10; i++)
+        kw_cuda_free(c, d[i]);
+    kw_cuda_unload(fn);
+    kw_cuda_close(c);
+}
+
 Test(cuda, gpu_event_timer_measures_a_device_copy)
 {
     kw_cuda *c = open_gpu();

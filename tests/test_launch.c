@@ -389,10 +389,11 @@ static void check_geometry(int fam, const int64_t *f)
             break;
         }
         case KW_LAUNCH_INDEXER_LOGITS:
-            cr_assert_eq(blocks, ((uint64_t)n + qb - 1) / qb);
+            cr_assert_eq(g.grid[0], ((uint64_t)n + qb - 1) / qb);
+            cr_assert(g.grid[1] >= 1 && g.grid[2] == 1);
             break;
         case KW_LAUNCH_INDEXER_LOGITS_PAGED:
-            cr_assert(blocks >= 1 && blocks <= 80, "split %llu",
+            cr_assert(blocks >= 1 && blocks <= 400, "split %llu",
                       (unsigned long long)blocks);
             cr_assert_eq(g.grid[1], (unsigned)c.a[KW_LAUNCH_PAGED_NUM_REQS]);
             cr_assert_eq(g.grid[2], (unsigned)((f[4] + qb - 1) / qb));
@@ -421,6 +422,63 @@ Test(launch, every_warmed_key_has_the_kernels_block_shmem_and_a_grid_that_covers
             cJSON_Delete(doc);
             free(text);
         }
+}
+
+/* The prefill split: grid y is 1 once grid x fills a wave of resident
+ * blocks (one block of 512 threads and 132 KiB an SM here), and below
+ * that as many parts as make 4 waves, but no more than one per 8192 rows
+ * of num_k. */
+Test(launch, a_prefill_grid_under_one_wave_splits_its_windows_over_grid_y)
+{
+    static const struct {
+        int64_t rows, num_k;
+        unsigned sm, x, y;
+    } cases[] = {
+        {8192, 65536, 132, 1024, 1},
+        {1056, 65536, 132, 132, 1},  /* exactly one wave */
+        {1048, 65536, 132, 131, 5},  /* just under: ceil(528 / 131) */
+        {1024, 65536, 132, 128, 5},
+        {1024, 16384, 132, 128, 2},  /* one part per 8192 rows at most */
+        {1024, 16383, 132, 128, 1},
+        {8, 65536, 132, 1, 8},       /* 65536 / 8192 parts */
+        {8, 1 << 23, 132, 1, 528},   /* 4 waves of 132 */
+        {1024, 65536, 78, 128, 1},   /* a smaller GPU: a wave is 78 */
+    };
+    int64_t f[KW_LAUNCH_MAX_FIELDS] = {64, 128, 0, 0, 1};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        kw_launch_call c = {0};
+        c.a[KW_LAUNCH_LOGITS_NUM_ROWS] = cases[i].rows;
+        c.a[KW_LAUNCH_LOGITS_NUM_K] = cases[i].num_k;
+        kw_launch_geo g;
+        cr_assert_eq(kw_launch_geometry(KW_LAUNCH_INDEXER_LOGITS, f, &c,
+                                        cases[i].sm, &g), 0);
+        cr_assert_eq(g.grid[0], cases[i].x, "case %zu", i);
+        cr_assert_eq(g.grid[1], cases[i].y, "case %zu: y %u", i, g.grid[1]);
+    }
+}
+
+/* The decode split: one request of 65,536 rows spreads over more than
+ * 80 blocks but no more than a wave (3 blocks an SM of 132 for next_n 1),
+ * and 32 requests stay in one wave rather than three. */
+Test(launch, a_small_decode_batch_takes_one_wave_of_blocks)
+{
+    int64_t f[KW_LAUNCH_MAX_FIELDS] = {64, 128, 1, 64, 1};
+    kw_launch_call c = {0};
+    c.a[KW_LAUNCH_PAGED_MAX_ROWS] = 65536;
+    kw_launch_geo g;
+    c.a[KW_LAUNCH_PAGED_NUM_REQS] = 1;
+    cr_assert_eq(kw_launch_geometry(KW_LAUNCH_INDEXER_LOGITS_PAGED, f, &c,
+                                    132, &g), 0);
+    cr_assert(g.grid[0] > 80 && g.grid[0] <= 396, "split %u", g.grid[0]);
+    c.a[KW_LAUNCH_PAGED_NUM_REQS] = 32;
+    cr_assert_eq(kw_launch_geometry(KW_LAUNCH_INDEXER_LOGITS_PAGED, f, &c,
+                                    132, &g), 0);
+    cr_assert(g.grid[0] * 32 <= 396 && g.grid[0] * 32 > 198, "split %u",
+              g.grid[0]);
+    c.a[KW_LAUNCH_PAGED_NUM_REQS] = 128;
+    cr_assert_eq(kw_launch_geometry(KW_LAUNCH_INDEXER_LOGITS_PAGED, f, &c,
+                                    132, &g), 0);
+    cr_assert_eq(g.grid[0], 3); /* 384 blocks: the H200's best (perf.md) */
 }
 
 Test(launch, a_grid_past_the_drivers_limits_is_refused)
