@@ -2,8 +2,9 @@
 """kwarm's indexer kernels side by side with DeepGEMM's, which DeepSeek-V3.2
 / V4 serving stacks call (fp8_mqa_logits, fp8_paged_mqa_logits).
 
-usage: indexer_peer.py DIR [--json F] [--rounds R] [--iters N]
-                       [--quick] [--only prefill|decode|topk] [--also DIR2]
+usage: indexer_peer.py DIR [--json F] [--rounds R] [--iters N] [--eager]
+                       [--quick] [--only prefill|decode|topk]
+                       [--variants DIR...] [--splits]
 
 DIR holds bench_indexer's cubins and kernels.json; DeepGEMM is imported
 from PYTHONPATH, built at run time by bench/deepgemm_build.sh (nothing of
@@ -11,8 +12,8 @@ it is in the repository).  Every case runs both kernels on the same data
 in this process:
 
 - each kernel is timed in its own sustained state (half a second of
-  itself, then --iters launches, or for decode --iters replays of a CUDA
-  graph of 20 calls; medians over --rounds rounds), since the
+  itself, then --iters replays of a CUDA graph of up to 20 calls, as a
+  serving step replays them; medians over --rounds rounds), since the
   H200 caps its power and a kernel timed right after another runs at the
   clock the other left (indexer_bench.py, rounds());
 - an 8192^3 torch._scaled_mm and a 1 GiB copy, timed the same way in this
@@ -146,12 +147,33 @@ def prefill_data(S, SK, H, cp, seed):
     return q, k, w, ksc, ks, ke, 2.0 * H * D * float((ke - ks).sum().item())
 
 
-def kwarm_prefill(kern, q, k, w, ksc, ks, ke, out):
-    """A launch of kwarm's prefill cubin on these inputs, into out."""
+def kwarm_prefill(kern, q, k, w, ksc, ks, ke, out, split=0):
+    """A launch of kwarm's prefill cubin on these inputs, into out, with
+    the launch contract's grid (split: grid y instead of the contract's)."""
     S, SK = q.shape[0], k.shape[0]
     qb = kern.meta["queries"]
     args = [q.view(torch.uint8), w, k.view(torch.uint8), ksc, ks, ke, S, SK, SK, out]
-    return lambda: kern(((S + qb - 1) // qb,), args)
+    grid = ((S + qb - 1) // qb, split or ib.prefill_split(kern, S, SK))
+    return lambda: kern(grid, args)
+
+
+def graph_calls(S, SK):
+    """Calls per CUDA graph for a prefill shape: up to 20, fewer as the
+    output grows (each of DeepGEMM's calls allocates its own)."""
+    return max(1, min(20, (1 << 28) // (S * SK)))
+
+
+def timed_pair(a, fk, fd, calls):
+    """Median ms per call of kwarm's and DeepGEMM's launchers, each in its
+    own sustained state, alternating rounds; graphed: replays of a CUDA
+    graph of calls launches."""
+    gk, gd = (graphed(fk, calls), graphed(fd, calls)) if calls else (fk, fd)
+    n = calls or 1
+    rk, rd = [], []
+    for _ in range(a.rounds):
+        rk.append(sustained(gk, a.iters, 1)[0] / n)
+        rd.append(sustained(gd, a.iters, 1)[0] / n)
+    return statistics.median(rk), statistics.median(rd), rk, rd
 
 
 def prefill_case(a, kern, dg, S, SK, H, cp, res):
@@ -166,19 +188,20 @@ def prefill_case(a, kern, dg, S, SK, H, cp, res):
     bad_k = check(out, q, k, ksc, w, ks, ke, rows)
     bad_d = check(dout, q, k, ksc, w, ks, ke, rows)
     del dout
-    # Eager launches: a shape whose kernel is shorter than the launcher's
-    # Python cost (cupy's for kwarm here) reads that cost too; decode is
-    # timed as graph replays (decode_case).
-    rk, rd = [], []
-    for _ in range(a.rounds):
-        rk.append(sustained(kw, a.iters, 1)[0])
-        rd.append(sustained(dgf, a.iters, 1)[0])
-    mk, md = statistics.median(rk), statistics.median(rd)
-    row = {"S": S, "SK": SK, "H": H, "cp": cp, "tflop": flops / 1e12,
+    # As CUDA-graph replays, as decode is (decode_case): an eager launch
+    # through cupy costs kwarm tens of microseconds of Python, more than
+    # the shortest shapes' kernels, where a serving process launches from
+    # C (kw_ops_run) or a graph.  --eager also times eager launches.
+    calls = graph_calls(S, SK)
+    mk, md, rk, rd = timed_pair(a, kw, dgf, calls)
+    row = {"S": S, "SK": SK, "H": H, "cp": cp, "tflop": flops / 1e12, "graph_calls": calls,
+           "split": ib.prefill_split(kern, S, SK),
            "kwarm_ms": mk, "deepgemm_ms": md, "kwarm_ms_rounds": rk, "deepgemm_ms_rounds": rd,
            "kwarm_tflops": flops / mk / 1e9, "deepgemm_tflops": flops / md / 1e9,
            "kwarm_mismatches": bad_k, "deepgemm_mismatches": bad_d,
            "deepgemm_over_kwarm": mk / md}
+    if a.eager:
+        row["kwarm_eager_ms"], row["deepgemm_eager_ms"], _, _ = timed_pair(a, kw, dgf, 0)
     res.setdefault("prefill", []).append(row)
     print(f"prefill S={S:5} SK={SK:6} H={H} {'cp    ' if cp else 'causal'}: kwarm {mk:7.3f} ms "
           f"{row['kwarm_tflops']:5.0f} TFLOP/s | DeepGEMM {md:7.3f} ms {row['deepgemm_tflops']:5.0f} | "
@@ -266,6 +289,40 @@ def decode_case(a, kerns, dg, B, L, nn, res):
     torch.cuda.empty_cache()
 
 
+def decode_splits(a, kerns, res):
+    """kwarm's decode of small batches at the contract's split and at
+    larger ones (up to every resident block of the GPU), graphed and
+    checked: the data behind launch/'s decode_split cap."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for B, nn in ((1, 1), (1, 2), (8, 1), (8, 2), (32, 1)):
+        L, kern = 65536, kerns[nn]
+        g = torch.Generator(device="cuda").manual_seed(7 + B + nn)
+        kp, ksc, bt, q, w, re, fused, width = decode_data(B, L, nn, g)
+        out = torch.empty(B * nn, L, device="cuda")
+        qb = kern.meta["queries"]
+        groups = (nn + qb - 1) // qb
+        per_sm = ib.blocks_per_sm(kern)
+        auto = ib.decode_split(B * groups, (L + 63) // 64, per_sm)
+        ys = sorted({auto, sms // B, 2 * sms // B, per_sm * sms // B, 512 // B} - {0})
+        args = [q.view(torch.uint8), w, kp.view(torch.uint8), ksc, bt, re, B, width, L, out]
+        times = {}
+        for y in ys:
+            f = (lambda y=y: kern((y, B, groups), args))
+            out.fill_(1.0)
+            f()
+            bad = decode_check(out, kp, ksc, bt, q, w, re, nn, L)
+            gf = graphed(f)
+            times[y] = statistics.median(sustained(gf, a.iters, 1)[0] / 20 for _ in range(a.rounds))
+            if bad:
+                print(f"decode split {y}: {bad} MISMATCHES", flush=True)
+        res.setdefault("decode_splits", []).append(
+            {"B": B, "next_n": nn, "auto": auto, "per_sm": per_sm, "us": {str(y): t * 1e3 for y, t in times.items()}})
+        print(f"decode splits B={B} next_n={nn} (auto {auto}, {per_sm}/SM): "
+              + ", ".join(f"{y}: {t * 1e3:.1f} us" for y, t in times.items()), flush=True)
+        del kp, fused, out
+        torch.cuda.empty_cache()
+
+
 def topk_rows(a, kern, x, ke, tag, res, replays=1):
     R, N = x.shape
     out = torch.empty(R, ib.TOPK, dtype=torch.int32, device="cuda")
@@ -329,6 +386,42 @@ def variants(a, dirs, res):
               + ", ".join(f"{t:.3f}" for t in times[d]), flush=True)
 
 
+def splits(a, res):
+    """kwarm's prefill at grid y 1, the contract's split and twice it, on
+    shapes of few waves or unequal windows (graphed, alternating rounds,
+    each sustained): the data behind launch/'s prefill_split."""
+    cases = [(2048, 65536, 32, True), (2048, 32768, 32, False), (2048, 8192, 32, False),
+             (2048, 8192, 32, True), (1024, 65536, 64, False), (1024, 32768, 32, True),
+             (512, 65536, 64, False), (512, 131072, 32, True)]
+    for S, SK, H, cp in cases:
+        kern = ib.Kernel(a.dir, "logits_prefill" if H == 64 else "logits_prefill_h32",
+                         json.load(open(f"{a.dir}/kernels.json")))
+        q, k, w, ksc, ks, ke, flops = prefill_data(S, SK, H, cp, S + SK + H + cp)
+        out = torch.empty(S, SK, device="cuda")
+        auto = ib.prefill_split(kern, S, SK)
+        ys = sorted({1, auto, 2 * auto, 4 * auto})
+        fns, times = {}, {y: [] for y in ys}
+        calls = graph_calls(S, SK)
+        for y in ys:
+            f = kwarm_prefill(kern, q, k, w, ksc, ks, ke, out, split=y)
+            out.fill_(1.0)
+            f()
+            bad = check(out, q, k, ksc, w, ks, ke, sorted({0, S // 2 - 1, S // 2, S - 1}))
+            fns[y] = graphed(f, calls)
+            if bad:
+                print(f"split {y}: {bad} MISMATCHES", flush=True)
+        for _ in range(a.rounds):
+            for y in ys:
+                times[y].append(sustained(fns[y], a.iters, 1)[0] / calls)
+        row = {"S": S, "SK": SK, "H": H, "cp": cp, "auto": auto,
+               "ms": {str(y): statistics.median(times[y]) for y in ys}, "rounds": {str(y): times[y] for y in ys}}
+        res.setdefault("splits", []).append(row)
+        print(f"splits S={S} SK={SK} H={H} {'cp' if cp else 'causal'} (auto {auto}): "
+              + ", ".join(f"y={y} {statistics.median(times[y]):.3f} ms" for y in ys), flush=True)
+        del q, k, out, fns
+        torch.cuda.empty_cache()
+
+
 def jit_child():
     """A fresh process: DeepGEMM's first prefill call (its JIT compile, to
     an empty cache) against its second."""
@@ -367,6 +460,10 @@ def main():
     ap.add_argument("--only", choices=["prefill", "decode", "topk"])
     ap.add_argument("--variants", nargs="+", metavar="DIR",
                     help="only time these builds' prefill (experiments) against each other")
+    ap.add_argument("--eager", action="store_true",
+                    help="also time prefill as eager launches (kwarm's through cupy)")
+    ap.add_argument("--splits", action="store_true",
+                    help="only time kwarm's prefill at several grid-y splits")
     ap.add_argument("--jit-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--profile", action="store_true",
                     help="one prefill call of each, for ncu; no timing")
@@ -379,6 +476,13 @@ def main():
     dg = DeepGEMM()
     res = {"device": torch.cuda.get_device_name(), "deepgemm_new_api": dg.new}
     yardsticks(a, res, "start")
+    if a.splits:
+        splits(a, res)
+        decode_splits(a, {1: ib.Kernel(a.dir, "logits_decode_n1", meta),
+                          2: ib.Kernel(a.dir, "logits_decode_n2", meta)}, res)
+        if a.json:
+            json.dump(res, open(a.json, "w"), indent=1)
+        return 0
     if a.variants:
         variants(a, a.variants, res)
         if a.json:
