@@ -7,10 +7,14 @@
         header, cubin = c.get(digest=digest)  # bytes for cuModuleLoadData
     module, function = Cuda().load(cubin, header["entry"])
 
-Client speaks the protocol: ping, keys, warmup, get, stats, evict.  An
-ERROR reply raises KwarmError (the connection stays usable); a broken
-connection raises ConnectionError.  Cuda, the CUDA driver through ctypes,
-is optional: it needs libcuda.so.1 and a GPU only when constructed.
+Client speaks the protocol: ping, keys, warmup, get, stats, misses,
+evict, and the cache's administration (ls, pins, unpin, resize,
+evict_match).  An ERROR reply raises KwarmError (the connection stays
+usable); a broken connection raises ConnectionError.  No kwarmd on the
+socket raises NoDaemonError (a KwarmError and a ConnectionError), naming
+the socket and how to start one.  Cuda, the CUDA driver through ctypes,
+is optional: it needs libcuda.so.1 and a GPU only when constructed, and
+raises NoDriverError (a KwarmError and a RuntimeError) without them.
 
 The wire format (client/kw_proto.h): a 16-byte little-endian head
 (magic "KWRM", version 2, type, header_len, payload_len), a JSON header
@@ -18,6 +22,7 @@ object, then an optional binary payload (only in RESULT replies).  keys and
 warmup stream their keys and results in PROGRESS frames of up to 256 and
 end with a RESULT of counts; this client puts them back into one document.
 """
+import errno
 import json
 import os
 import socket
@@ -26,6 +31,7 @@ import struct
 MAGIC = 0x4D52574B
 VERSION = 2
 PING, KEYS, WARMUP, GET, STATS, EVICT, MISSES = 1, 2, 3, 4, 5, 6, 7
+LS, PINS, UNPIN, RESIZE = 8, 9, 10, 11
 PONG, RESULT, PROGRESS, ERROR = 64, 65, 66, 67
 HEAD = struct.Struct("<IHHII")
 MAX_HEADER = 64 * 1024          # request headers
@@ -41,6 +47,32 @@ class KwarmError(Exception):
         self.code = code
 
 
+class NoDaemonError(KwarmError, ConnectionError):
+    """No kwarmd answers on the socket (missing, not a socket, refused)."""
+
+
+class NoDriverError(KwarmError, RuntimeError):
+    """Cuda(): no libcuda.so.1 (no NVIDIA driver) or no usable GPU."""
+
+
+SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(size):
+    """Bytes of an int or of "512M", "2G", "1.5T" (powers of 1024, as
+    kwarm resize takes them)."""
+    if isinstance(size, int) and not isinstance(size, bool):
+        return size
+    text = str(size).strip().upper().removesuffix("B").removesuffix("I")
+    unit = text[-1:] if text[-1:] in SIZE_UNITS else ""
+    try:
+        value = float(text[:len(text) - len(unit)])
+    except ValueError:
+        raise ValueError("size %r: a number of bytes, or one with K, M, G or T"
+                         % (size,)) from None
+    return int(value * SIZE_UNITS[unit])
+
+
 def default_socket():
     """--socket's fallbacks: $KWARM_SOCKET, then /run/kwarm/kwarm.sock for
     root, else $XDG_RUNTIME_DIR/kwarm.sock."""
@@ -52,13 +84,38 @@ def default_socket():
     return "/run/kwarm/kwarm.sock"
 
 
+def _is_socket(path):
+    import stat
+    try:
+        return stat.S_ISSOCK(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
 class Client:
     """A blocking connection to kwarmd; one request at a time."""
 
     def __init__(self, path=None, timeout=None):
+        self.path = path or default_socket()
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(timeout)
-        self.sock.connect(path or default_socket())
+        try:
+            self.sock.connect(self.path)
+        except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError) as e:
+            self.sock.close()
+            if isinstance(e, ConnectionRefusedError) and not _is_socket(self.path):
+                why, code = "not a socket", "ENOTSOCK"
+            elif isinstance(e, ConnectionRefusedError):
+                why, code = "connection refused (no kwarmd listening)", "ECONNREFUSED"
+            else:
+                why, code = "no such socket", "ENOENT"
+            raise NoDaemonError("%s: %s; start one with `kwarmd --socket %s`, or "
+                                "point KWARM_SOCKET at a running one"
+                                % (self.path, why, self.path), code) from None
+        except OSError as e:
+            self.sock.close()
+            raise NoDaemonError("%s: %s" % (self.path, e.strerror or e),
+                                errno.errorcode.get(e.errno, "EIO")) from None
 
     def close(self):
         self.sock.close()
@@ -141,7 +198,7 @@ class Client:
         return doc
 
     def warmup(self, config, deployment=None, progress=None, name="config.json",
-               text_config=None):
+               text_config=None, pin=None):
         """Compiles what is missing.  progress(frame) is called per PROGRESS
         frame ({"done", "total", "results": [...]}; kwarmd sends one with no
         results, a heartbeat, when the warmup has been silent for 2 s, so
@@ -149,10 +206,12 @@ class Client:
         {"keys", "hits", "remote_hits", "compiled", "failed", "cancelled",
         "seconds"} plus "manifest": every key's result in key order
         {"index", "digest", "family", "arch", "status", and "error"/"log"
-        when it failed}."""
-        doc, results = self._stream(WARMUP, self._model(config, deployment, name,
-                                                        text_config),
-                                    "results", progress)
+        when it failed}.  pin=NAME records the keys as pin set NAME once
+        every one is cached (`kwarm warmup --pin`; "pinned" in the result)."""
+        req = self._model(config, deployment, name, text_config)
+        if pin is not None:
+            req["pin"] = pin
+        doc, results = self._stream(WARMUP, req, "results", progress)
         doc["manifest"] = sorted(results, key=lambda r: r["index"])
         return doc
 
@@ -189,6 +248,58 @@ class Client:
         one."""
         return self._call(EVICT, {"digest": digest})[1].get("evicted", False)
 
+    @staticmethod
+    def _filter(family, pinned, digest, unpinned, before):
+        f = {}
+        if family:
+            f["family"] = family
+        if pinned:
+            f["pinned"] = pinned
+        if digest:
+            f["digest"] = digest
+        if unpinned:
+            f["unpinned"] = True
+        if before:
+            f["before"] = before
+        return f
+
+    def ls(self, family=None, pinned=None, digest=None, unpinned=False, before=0):
+        """The document of `kwarm ls --json`: {"count", "bytes", "entries":
+        [{"digest", "family", "arch", "size", "pins", ...}]}, the entries
+        matching every criterion given (a family name, a pin set's name, a
+        digest or its prefix, only unpinned ones, or last used more than
+        `before` seconds ago)."""
+        doc, items = self._stream(LS, self._filter(family, pinned, digest,
+                                                   unpinned, before), "entries")
+        doc["entries"] = items
+        return doc
+
+    def evict_match(self, family=None, digest=None, unpinned=False, before=0,
+                    force=False):
+        """Removes the entries matching the criteria (as ls takes them; at
+        least one); pinned ones only with force=True.  Returns the document
+        of `kwarm evict --json` with the removed entries under "entries"."""
+        req = {"match": self._filter(family, None, digest, unpinned, before)}
+        if force:
+            req["force"] = True
+        doc, items = self._stream(EVICT, req, "entries")
+        doc["entries"] = items
+        return doc
+
+    def pins(self):
+        """The pin sets: the document of `kwarm pins --json`."""
+        return self._call(PINS)[1]
+
+    def unpin(self, name):
+        """Removes pin set name; KwarmError (KW_ENOTFOUND) when there is
+        none.  Returns kwarmd's document of what was unpinned."""
+        return self._call(UNPIN, {"name": name})[1]
+
+    def resize(self, max_size):
+        """Sets the cache's size limit (bytes, or "2G" and the like, 1 MiB
+        to 16 TiB); KwarmError (KW_EROFS) from a read-only kwarmd."""
+        return self._call(RESIZE, {"max_size": parse_size(max_size)})[1]
+
 
 class Cuda:
     """The CUDA driver through ctypes (no dependency): enough to turn a
@@ -197,8 +308,16 @@ class Cuda:
     def __init__(self, device=0):
         import ctypes
         self.ct = ctypes
-        self.lib = ctypes.CDLL("libcuda.so.1")
-        self._check(self.lib.cuInit(0), "cuInit")
+        try:
+            self.lib = ctypes.CDLL("libcuda.so.1")
+        except OSError as e:
+            raise NoDriverError("libcuda.so.1 could not be loaded (%s): no NVIDIA "
+                                "driver on this machine; Cuda needs one and a GPU"
+                                % e, "KW_ENODRIVER") from None
+        rc = self.lib.cuInit(0)
+        if rc != 0:
+            raise NoDriverError("cuInit failed with CUDA error %d: the driver "
+                                "sees no usable GPU" % rc, "KW_ENODRIVER")
         dev = ctypes.c_int()
         self._check(self.lib.cuDeviceGet(ctypes.byref(dev), device), "cuDeviceGet")
         self.ctx = ctypes.c_void_p()

@@ -165,11 +165,105 @@ class AgainstKwarmd(unittest.TestCase):
             self.assertTrue(c.ping())
 
 
+class Administration(unittest.TestCase):
+    """ls, pins, unpin, resize and evict_match against a kwarmd whose
+    compiles are instant (KWARM_TEST_INSTANT_COMPILE: the worker stores a
+    stand-in cubin at once)."""
+
+    @classmethod
+    def setUpClass(cls):
+        os.environ["KWARM_TEST_INSTANT_COMPILE"] = "1"
+        try:
+            cls.daemon = Kwarmd()
+        finally:
+            del os.environ["KWARM_TEST_INSTANT_COMPILE"]
+        with open(FIXTURE) as f:
+            cls.config = json.load(f)
+
+    @classmethod
+    def tearDownClass(cls):
+        assert cls.daemon.stop() == 0
+
+    def test_pinned_warmup_then_ls_pins_evict_unpin_and_resize(self):
+        with kwarm_client.Client(self.daemon.sock, timeout=120) as c:
+            w = c.warmup(self.config, {"dcp_world": 1}, name="v32.json", pin="v32")
+            self.assertEqual(w["failed"], 0, w)
+            n = w["keys"]
+            c.get(family="dcp_stable_topk", fields={"topk": 64, "num_candidates": 128})
+            every = c.ls()
+            self.assertEqual(every["count"], n + 1)
+            self.assertEqual(len(every["entries"]), n + 1)
+            pinned = c.ls(pinned="v32")
+            self.assertEqual(pinned["count"], n)
+            self.assertTrue(all("v32" in e["pins"] for e in pinned["entries"]))
+            self.assertEqual(c.ls(family="dcp_stable_topk", unpinned=True)["count"], 1)
+            self.assertIn("v32", [p["name"] for p in c.pins()["pins"]])
+            # Only the unpinned entry goes; the pinned ones stay.
+            gone = c.evict_match(unpinned=True)
+            self.assertEqual([e["family"] for e in gone["entries"]], ["dcp_stable_topk"])
+            self.assertEqual(c.ls()["count"], n)
+            c.unpin("v32")
+            with self.assertRaises(kwarm_client.KwarmError) as err:
+                c.unpin("v32")
+            self.assertIn("NOTFOUND", err.exception.code or "")
+            self.assertEqual(c.pins()["pins"], [])
+            c.resize("2G")
+            self.assertEqual(c.stats()["max_size"], 2 << 30)
+            with self.assertRaises(kwarm_client.KwarmError):
+                c.resize(1000)  # under 1 MiB
+            self.assertTrue(c.ping())  # the connection survives both errors
+
+    def test_sizes_parse_as_resize_takes_them(self):
+        self.assertEqual(kwarm_client.parse_size("512M"), 512 << 20)
+        self.assertEqual(kwarm_client.parse_size("1.5G"), 3 << 29)
+        self.assertEqual(kwarm_client.parse_size(4096), 4096)
+        with self.assertRaises(ValueError):
+            kwarm_client.parse_size("lots")
+
+
+class NoDaemon(unittest.TestCase):
+    """The client's own errors name the socket and how to start kwarmd."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="kw-pyerr-")
+
+    def tearDown(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def expect(self, path, why):
+        with self.assertRaises(kwarm_client.NoDaemonError) as err:
+            kwarm_client.Client(path)
+        e = err.exception
+        self.assertIsInstance(e, ConnectionError)
+        self.assertIsInstance(e, kwarm_client.KwarmError)
+        self.assertIn(path, str(e))
+        self.assertIn(why, str(e))
+        self.assertIn("kwarmd --socket", str(e))
+
+    def test_a_missing_socket(self):
+        self.expect(os.path.join(self.dir, "none.sock"), "no such socket")
+
+    def test_a_file_that_is_not_a_socket(self):
+        path = os.path.join(self.dir, "file")
+        open(path, "w").close()
+        self.expect(path, "not a socket")
+
+    def test_a_socket_nobody_listens_on(self):
+        path = os.path.join(self.dir, "dead.sock")
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind(path)  # bound, never listening: connect is refused
+        try:
+            self.expect(path, "connection refused")
+        finally:
+            s.close()
+
+
 class Loader(unittest.TestCase):
     def test_cuda_loader_needs_a_driver(self):
         try:
             cuda = kwarm_client.Cuda()
-        except (OSError, RuntimeError) as e:  # no libcuda.so.1, or no GPU
+        except kwarm_client.NoDriverError as e:  # no libcuda.so.1, or no GPU
+            self.assertIn("driver", str(e))
             self.skipTest("no usable CUDA driver on this host: %s" % e)
         self.assertTrue(cuda.ctx.value)
 
