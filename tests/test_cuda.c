@@ -257,6 +257,19 @@ static void logits_buffers(kw_cuda *c, uint64_t *d, int t, int n)
     cr_assert_eq(kw_cuda_h2d(c, d[5], ke, (size_t)t * 4), 0);
 }
 
+/* Compiles k (its arch: c's device's) and loads its kernel. */
+static kw_cuda_fn *load_v32_prefill(kw_cuda *c, kw_keys_key *k)
+{
+    device_arch(c, k->arch, sizeof(k->arch));
+    kw_jit_result r;
+    cr_assert_eq(kw_keys_compile(k, false, &r), 0, "%s", r.log ? r.log : "");
+    kw_cuda_fn *fn = NULL;
+    cr_assert_eq(kw_cuda_load(c, r.cubin, r.cubin_len, r.lowered_name, &fn),
+                 0, "%s", kw_cuda_last_error(c));
+    kw_jit_result_destroy(&r);
+    return fn;
+}
+
 /* DeepSeek-V3.2's prefill logits key (64 heads of 128) launched with half
  * the threads kw_k_block_threads() gives: its stage barriers count on
  * every warpgroup, so without the kernel's own check it would wait
@@ -267,13 +280,7 @@ Test(cuda, gpu_indexer_logits_short_of_threads_fails_not_hangs,
     kw_cuda *c = open_gpu();
     kw_keys_key k = {.family = KW_K_INDEXER_LOGITS,
                      .fields = {64, 128, 0, 0, 1}};
-    device_arch(c, k.arch, sizeof(k.arch));
-    kw_jit_result r;
-    cr_assert_eq(kw_keys_compile(&k, false, &r), 0, "%s", r.log ? r.log : "");
-    kw_cuda_fn *fn = NULL;
-    cr_assert_eq(kw_cuda_load(c, r.cubin, r.cubin_len, r.lowered_name, &fn),
-                 0, "%s", kw_cuda_last_error(c));
-    kw_jit_result_destroy(&r);
+    kw_cuda_fn *fn = load_v32_prefill(c, &k);
     enum { T = 8, N = 4096 };
     uint64_t d[10] = {0};
     logits_buffers(c, d, T, N);
@@ -357,13 +364,7 @@ Test(cuda, gpu_indexer_logits_split_over_grid_y_writes_the_same_bits,
     kw_cuda *c = open_gpu();
     kw_keys_key k = {.family = KW_K_INDEXER_LOGITS,
                      .fields = {64, 128, 0, 0, 1}};
-    device_arch(c, k.arch, sizeof(k.arch));
-    kw_jit_result r;
-    cr_assert_eq(kw_keys_compile(&k, false, &r), 0, "%s", r.log ? r.log : "");
-    kw_cuda_fn *fn = NULL;
-    cr_assert_eq(kw_cuda_load(c, r.cubin, r.cubin_len, r.lowered_name, &fn),
-                 0, "%s", kw_cuda_last_error(c));
-    kw_jit_result_destroy(&r);
+    kw_cuda_fn *fn = load_v32_prefill(c, &k);
     enum { T = 40, N = 40000, STRIDE = N + 3 };
     uint64_t d[10] = {0};
     logits_buffers(c, d, T, STRIDE);
