@@ -10,54 +10,12 @@
 #include <stdio.h>
 #include <string.h>
 
-/* Edit distance (insert, delete, substitute, swap two neighbours) between
- * a and b, capped at 9: only small ones matter. */
-static size_t distance(const char *a, const char *b)
-{
-    enum { MAX = 40 };
-    size_t n = strlen(a), m = strlen(b);
-    if (n >= MAX || m >= MAX)
-        return 9;
-    size_t d[MAX + 1][MAX + 1];
-    for (size_t i = 0; i <= n; i++)
-        d[i][0] = i;
-    for (size_t j = 0; j <= m; j++)
-        d[0][j] = j;
-    for (size_t i = 1; i <= n; i++)
-        for (size_t j = 1; j <= m; j++) {
-            size_t sub = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
-            size_t del = d[i - 1][j] + 1, ins = d[i][j - 1] + 1;
-            size_t best = sub < del ? sub : del;
-            best = ins < best ? ins : best;
-            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] &&
-                d[i - 2][j - 2] + 1 < best)
-                best = d[i - 2][j - 2] + 1;
-            d[i][j] = best;
-        }
-    return d[n][m] < 9 ? d[n][m] : 9;
-}
-
-/* True when a distance this small makes `word` a likely typo of a
- * candidate of its length: 1 for short words, up to a third of it. */
-static bool close_enough(size_t dist, const char *word)
-{
-    size_t n = strlen(word), allowed = n <= 4 ? 1 : n / 3;
-    return dist > 0 && dist <= (allowed > 3 ? 3 : allowed);
-}
+#include "kw_opt.h"
 
 const char *kw__cli_nearest(const char *word, const char *const *cands,
                             size_t n)
 {
-    const char *best = NULL;
-    size_t best_d = 9;
-    for (size_t i = 0; i < n; i++) {
-        size_t d = distance(word, cands[i]);
-        if (d < best_d) {
-            best_d = d;
-            best = cands[i];
-        }
-    }
-    return best && close_enough(best_d, word) ? best : NULL;
+    return kw_opt_nearest(word, cands, n);
 }
 
 /* The flag of help nearest to arg (its name before any '='), into buf;
@@ -66,24 +24,25 @@ const char *kw__cli_nearest(const char *word, const char *const *cands,
 static bool nearest_flag(const char *arg, const char *help, char *buf,
                          size_t cap)
 {
-    char name[48];
+    enum { MAXF = 128 };
+    char name[48], flags[MAXF][48];
+    const char *cands[MAXF];
+    size_t n = 0;
     snprintf(name, sizeof name, "%.*s", (int)strcspn(arg, "="), arg);
-    size_t best_d = 9;
-    for (const char *p = help; help && (p = strchr(p, '-')) != NULL; p++) {
+    for (const char *p = help; help && n < MAXF && (p = strchr(p, '-')) != NULL; p++) {
         if (p > help && (p[-1] == '-' || (p[-1] >= 'a' && p[-1] <= 'z')))
             continue; /* inside a word: not a flag's start */
         size_t len = strspn(p, "-abcdefghijklmnopqrstuvwxyz0123456789");
-        char flag[48];
-        if (len < 2 || len >= sizeof flag)
+        if (len < 2 || len >= sizeof flags[0])
             continue;
-        snprintf(flag, sizeof flag, "%.*s", (int)len, p);
-        size_t d = distance(name, flag);
-        if (d < best_d) {
-            best_d = d;
-            snprintf(buf, cap, "%s", flag);
-        }
+        snprintf(flags[n], sizeof flags[n], "%.*s", (int)len, p);
+        cands[n] = flags[n];
+        n++;
     }
-    return close_enough(best_d, name);
+    const char *near = kw_opt_nearest(name, cands, n);
+    if (near != NULL)
+        snprintf(buf, cap, "%s", near);
+    return near != NULL;
 }
 
 int kw__cli_unknown(const char *cmd, const char *arg, const char *help,
