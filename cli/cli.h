@@ -7,10 +7,12 @@
 #define KW_CLI_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "kw_config.h"
 #include "kw_keys.h"
+#include "kw_opt.h"
 
 enum { KW_CLI_OK = 0, KW_CLI_RUNTIME = 1, KW_CLI_USAGE = 2 };
 
@@ -47,6 +49,56 @@ typedef struct kw__cli_get_opts {
  * -1 to go on, else an exit code (a message printed). */
 int kw__cli_get_parse(kw__cli_get_opts *o, int argc, char **argv,
                       const char *where_flag);
+
+/* A command's option table (cli_opt.c): parsing, --help, and through
+ * --help the man page and completion.  usage: the text before the option
+ * lines ("usage: ...", what the command does, a blank line); opts: the
+ * command's own rows (-h/--help is added); model: takes --model, --deploy
+ * and the deployment flags; tail: text after the options, or NULL. */
+typedef struct kw__cli_cmd {
+    const char *name;
+    const char *usage;
+    const kw_opt *opts;
+    size_t nopts;
+    bool model;
+    const char *tail;
+} kw__cli_cmd;
+
+/* Parses argv[1..] (getopt_long) against cmd's rows, storing each value
+ * into its field of opts and the model group into m (NULL when
+ * !cmd->model); up to npos positional arguments go to pos[].  A flag is
+ * spelled out, given at most once (switches aside), and its value checked
+ * against its row.  Returns -1 to go on, else the exit code: 0 after
+ * --help, 2 after printing the error (with the nearest flag for a typo).
+ * Uses getopt's global state: main thread only. */
+int kw__cli_getopt(const kw__cli_cmd *cmd, int argc, char **argv, void *opts,
+                   kw__cli_model *m, const char **pos, size_t npos);
+
+/* The --socket row of the commands that talk to kwarmd: a const char *
+ * field of the command's options struct. */
+#define KW__CLI_SOCKET_ROW(T, field)                                      \
+    {.name = "socket", .type = KW_OPT_TEXT, .arg = "PATH",                  \
+     .off = offsetof(T, field), .size = sizeof(const char *),            \
+     .help = "kwarmd's socket ($KWARM_SOCKET, else\n"                      \
+             "$XDG_RUNTIME_DIR/kwarm.sock, or\n"                           \
+             "/run/kwarm/kwarm.sock for root)"}
+
+/* A switch row and a text row (a const char * field) of struct T. */
+#define KW__CLI_SWITCH(T, field, flag, text)                              \
+    {.name = flag, .type = KW_OPT_SWITCH, .off = offsetof(T, field),     \
+     .size = sizeof(bool), .help = text}
+#define KW__CLI_TEXT(T, field, flag, argname, text)                       \
+    {.name = flag, .type = KW_OPT_TEXT, .arg = argname,                     \
+     .off = offsetof(T, field), .size = sizeof(const char *), .help = text}
+
+/* --jobs N: compile threads, 1..KW_CLI_MAX_JOBS, into an unsigned. */
+#define KW__CLI_JOBS(T, field, text)                                         \
+    {.name = "jobs", .type = KW_OPT_UINT, .arg = "N", .min = 1,             \
+     .max = KW_CLI_MAX_JOBS, .off = offsetof(T, field),                     \
+     .size = sizeof(unsigned), .help = text}
+
+/* Prints cmd's --help from its rows on stdout; returns KW_CLI_OK. */
+int kw__cli_help(const kw__cli_cmd *cmd);
 
 /* Initialises a for parsing. */
 void kw__cli_model_init(kw__cli_model *a);

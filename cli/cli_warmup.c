@@ -4,6 +4,7 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,27 +21,6 @@
 #define CLI_WAIT_S 60
 #define CLI_WAIT_MAX_S 86400
 
-static const char warmup_usage[] =
-    "usage: kwarm warmup --model CONFIG.json [DEPLOYMENT] [--socket PATH] "
-    "[--json]\n"
-    "                    [--quiet] [--pin NAME] [--wait-timeout S]\n"
-    "\n"
-    "Asks a running kwarmd to compile every key of this model and deployment\n"
-    "that its cache lacks, showing progress and each failed key's NVRTC log;\n"
-    "exit 1 when a key failed, kwarmd stopped before the end, or it sent\n"
-    "nothing for --wait-timeout.\n"
-    "\n"
-    "  --json                     one document: keys, hits, remote_hits,\n"
-    "                             compiled, failed, cancelled, seconds and\n"
-    "                             the manifest (every key's result)\n"
-    "  --quiet                    no progress on stderr\n"
-    "  --pin NAME                 once every key is cached, keep the\n"
-    "                             deployment's entries as the pin set NAME\n"
-    "                             (never evicted until kwarm unpin NAME)\n"
-    "  --wait-timeout S           give up when kwarmd sends nothing for S\n"
-    "                             seconds, in [1, 86400] (60); it sends a\n"
-    "                             frame at least every 2 s while it works\n";
-
 /* ---- warmup -------------------------------------------------------------- */
 
 typedef struct warm_opts {
@@ -49,6 +29,41 @@ typedef struct warm_opts {
     bool json, quiet;
     unsigned wait_s; /* --wait-timeout */
 } warm_opts;
+
+static const kw_opt warmup_rows[] = {
+    KW__CLI_SWITCH(warm_opts, json, "json",
+                   "one document: keys, hits, remote_hits,\n"
+                   "compiled, failed, cancelled, seconds and\n"
+                   "the manifest (every key's result)"),
+    KW__CLI_SWITCH(warm_opts, quiet, "quiet", "no progress on stderr"),
+    KW__CLI_TEXT(warm_opts, pin, "pin", "NAME",
+                 "once every key is cached, keep the\n"
+                 "deployment's entries as the pin set NAME\n"
+                 "(never evicted until kwarm unpin NAME)"),
+    {.name = "wait-timeout", .type = KW_OPT_UINT, .arg = "S",
+     .unit = "a number of seconds", .min = 1, .max = CLI_WAIT_MAX_S,
+     .off = offsetof(warm_opts, wait_s), .size = sizeof(unsigned),
+     .help = "give up when kwarmd sends nothing for S\n"
+             "seconds (60); it sends a frame at least\n"
+             "every 2 s while it works"},
+    KW__CLI_SOCKET_ROW(warm_opts, socket),
+};
+
+static const kw__cli_cmd warmup_cmd = {
+    .name = "warmup",
+    .usage = "usage: kwarm warmup --model CONFIG.json [DEPLOYMENT] [--socket PATH] "
+             "[--json]\n"
+             "                    [--quiet] [--pin NAME] [--wait-timeout S]\n"
+             "\n"
+             "Asks a running kwarmd to compile every key of this model and deployment\n"
+             "that its cache lacks, showing progress and each failed key's NVRTC log;\n"
+             "exit 1 when a key failed, kwarmd stopped before the end, or it sent\n"
+             "nothing for --wait-timeout.\n"
+             "\n",
+    .opts = warmup_rows,
+    .nopts = sizeof warmup_rows / sizeof warmup_rows[0],
+    .model = true,
+};
 
 /* The deployment kwarmd should use: every field the flags or --deploy
  * gave (their values survive kw_config_resolve()), as a --deploy file
@@ -251,32 +266,9 @@ static int warmup_run(warm_opts *o, const char *config, const char *dep)
 /* Parses warmup's arguments; returns -1 to go on, else an exit code. */
 static int warmup_parse(warm_opts *o, int argc, char **argv)
 {
-    for (int i = 1; i < argc; i++) {
-        int rc = kw__cli_model_arg(&o->a, "warmup", argc, argv, &i);
-        if (rc == 0)
-            rc = kw__cli_socket_arg("warmup", argc, argv, &i, &o->socket);
-        if (rc < 0)
-            return -rc;
-        if (rc > 0)
-            continue;
-        if (strcmp(argv[i], "--json") == 0)
-            o->json = true;
-        else if (strcmp(argv[i], "--quiet") == 0)
-            o->quiet = true;
-        else if (kw__cli_is(argv[i], "--pin")) {
-            if ((o->pin = kw__cli_value("warmup", argc, argv, &i)) == NULL)
-                return KW_CLI_USAGE;
-        } else if (kw__cli_is(argv[i], "--wait-timeout")) {
-            if (kw__cli_count("warmup", argc, argv, &i, "a number of seconds",
-                              CLI_WAIT_MAX_S, &o->wait_s) < 0)
-                return KW_CLI_USAGE;
-        }
-        else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0)
-            return kw__cli_print_usage(warmup_usage, true);
-        else
-            return kw__cli_unknown("warmup", argv[i], warmup_usage,
-                                   kw__cli_deploy_help);
-    }
+    int rc = kw__cli_getopt(&warmup_cmd, argc, argv, o, &o->a, NULL, 0);
+    if (rc >= 0)
+        return rc;
     return kw__cli_pin_check("warmup", o->pin); /* before kwarmd works */
 }
 
