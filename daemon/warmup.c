@@ -278,6 +278,7 @@ void kw__run_warmup(kw__req *r)
      * posts before the stream knows the job it may pause (they wait);
      * warm takes the keys, no copy (r->set keeps only the count). */
     pthread_mutex_lock(&r->s->mu);
+    r->s->detached = detached(r); /* an abort from now on leaves it running */
     rc = kw_warm_submit_take(r->d->warm, &r->set.keys, r->set.nkeys,
                              KW_WARM_PROTECT, on_result, r, &r->s->job);
     pthread_mutex_unlock(&r->s->mu);
