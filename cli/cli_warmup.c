@@ -26,7 +26,7 @@
 typedef struct warm_opts {
     kw__cli_model a;
     const char *socket, *pin;
-    bool json, quiet;
+    bool json, quiet, detach;
     unsigned wait_s; /* --wait-timeout */
 } warm_opts;
 
@@ -46,6 +46,11 @@ static const kw_opt warmup_rows[] = {
      .help = "give up when kwarmd sends nothing for S\n"
              "seconds (60); it sends a frame at least\n"
              "every 2 s while it works"},
+    KW__CLI_SWITCH(warm_opts, detach, "detach",
+                   "return once kwarmd has accepted the warmup:\n"
+                   "it goes on compiling after this client leaves\n"
+                   "(kwarm stats and kwarmd's log tell the outcome);\n"
+                   "without it, a client that leaves cancels them"),
     KW__CLI_SOCKET_ROW(warm_opts, socket),
 };
 
@@ -53,7 +58,7 @@ static const kw__cli_cmd warmup_cmd = {
     .name = "warmup",
     .usage = "usage: kwarm warmup --model CONFIG.json [DEPLOYMENT] [--socket PATH] "
              "[--json]\n"
-             "                    [--quiet] [--pin NAME] [--wait-timeout S]\n"
+             "                    [--quiet] [--pin NAME] [--wait-timeout S] [--detach]\n"
              "\n"
              "Asks a running kwarmd to compile every key of this model and deployment\n"
              "that its cache lacks, showing progress and each failed key's NVRTC log;\n"
@@ -234,6 +239,31 @@ static int print_result(const char *json, const warm_opts *o, const char *path,
                                                                  : KW_CLI_OK;
 }
 
+/* --detach: the warmup is handed to kwarmd; prints what it accepted
+ * (--json: its first frame as is). */
+static int detach_run(kw_client *c, const warm_opts *o, const char *config,
+                      const char *dep, const char *name)
+{
+    char *first = NULL;
+    int rc = kw_client_warmup_detached(c, config, dep, name, o->pin, &first);
+    if (rc < 0)
+        return kw__cli_request_failed("warmup", c, rc);
+    cJSON *doc = cJSON_Parse(first);
+    const cJSON *total = cJSON_GetObjectItemCaseSensitive(doc, "total");
+    if (total == NULL) /* a RESULT: it ended at once */
+        total = cJSON_GetObjectItemCaseSensitive(doc, "keys");
+    if (o->json)
+        printf("%s\n", first);
+    else
+        printf("warmup: detached: kwarmd at %s is warming %.0f keys%s%s; kwarm "
+               "stats and its log tell the outcome\n", kw_client_path(c),
+               cJSON_GetNumberValue(total) > 0 ? cJSON_GetNumberValue(total) : 0,
+               o->pin ? ", then pins them as " : "", o->pin ? o->pin : "");
+    cJSON_Delete(doc);
+    free(first);
+    return KW_CLI_OK;
+}
+
 /* Sends the warmup of the loaded model in o; prints its outcome. */
 static int warmup_run(warm_opts *o, const char *config, const char *dep)
 {
@@ -246,6 +276,11 @@ static int warmup_run(warm_opts *o, const char *config, const char *dep)
         return rc;
     kw_client_set_timeout(c, (int)(o->wait_s * 1000));
     const char *name = o->a.text ? "stdin" : o->a.model;
+    if (o->detach) {
+        rc = detach_run(c, o, config, dep, name);
+        kw_client_close(c);
+        return rc;
+    }
     rc = o->pin ? kw_client_warmup_pin(c, config, dep, name, o->pin,
                                        on_progress, &v, &result)
                 : kw_client_warmup(c, config, dep, name, on_progress, &v,
