@@ -96,6 +96,9 @@ int kw__cli_getopt(const kw__cli_cmd *cmd, int argc, char **argv, void *opts,
      .max = KW_CLI_MAX_JOBS, .off = offsetof(T, field),                     \
      .size = sizeof(unsigned), .help = text}
 
+/* The .opts and .nopts of a kw__cli_cmd from a static array of rows. */
+#define KW__CLI_ROWS(rows) .opts = rows, .nopts = sizeof rows / sizeof rows[0]
+
 /* Prints cmd's --help from its rows on stdout; returns KW_CLI_OK. */
 int kw__cli_help(const kw__cli_cmd *cmd);
 

@@ -135,8 +135,7 @@ static const kw__cli_cmd pins_cmd = {
         "present, their bytes, and when the set was recorded.  Entries of a set\n"
         "are never evicted for size; kwarm unpin NAME releases them.\n"
         "\n",
-    .opts = pins_rows,
-    .nopts = sizeof pins_rows / sizeof pins_rows[0],
+    KW__CLI_ROWS(pins_rows),
 };
 
 void kw__cli_print_pins(const cJSON *doc, bool json)
@@ -209,8 +208,7 @@ static const kw__cli_cmd unpin_cmd = {
         "After a rollout: pin the new deployment, then unpin the old one.\n"
         "Exit 1 when there is no such set.\n"
         "\n",
-    .opts = unpin_rows,
-    .nopts = sizeof unpin_rows / sizeof unpin_rows[0],
+    KW__CLI_ROWS(unpin_rows),
 };
 
 void kw__cli_print_unpin(const cJSON *doc, bool json)
@@ -284,8 +282,7 @@ static const kw__cli_cmd resize_cmd = {
         "\n"
         "  SIZE                       bytes, or with K/M/G/T (1024-based), at\n"
         "                             least 1M\n",
-    .opts = resize_rows,
-    .nopts = sizeof resize_rows / sizeof resize_rows[0],
+    KW__CLI_ROWS(resize_rows),
 };
 
 void kw__cli_print_resize(const cJSON *doc, const char *where, bool json)

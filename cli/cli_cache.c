@@ -65,8 +65,7 @@ static const kw__cli_cmd get_cmd = {
         "stored), unless --no-compile or the cache is read-only.  A digest cannot\n"
         "be compiled (it names no fields): a missing digest is an error, exit 1.\n"
         "\n",
-    .opts = get_rows,
-    .nopts = sizeof get_rows / sizeof get_rows[0],
+    KW__CLI_ROWS(get_rows),
 };
 
 static const kw_opt stats_rows[] = {
@@ -90,8 +89,7 @@ static const kw__cli_cmd stats_cmd = {
         "bytes, and whether it is read-only.  A cache this user cannot write is\n"
         "read read-only.\n"
         "\n",
-    .opts = stats_rows,
-    .nopts = sizeof stats_rows / sizeof stats_rows[0],
+    KW__CLI_ROWS(stats_rows),
 };
 
 typedef kw__cli_get_opts get_opts; /* where: the --cache directory */

@@ -36,8 +36,7 @@ static const kw__cli_cmd ping_cmd = {
              "\n"
              "Asks kwarmd for its version; exit 1 when it cannot be reached.\n"
              "\n",
-    .opts = ping_rows,
-    .nopts = 1,
+    KW__CLI_ROWS(ping_rows),
 };
 
 /* ---- shared ------------------------------------------------------------- */

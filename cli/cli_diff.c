@@ -45,8 +45,7 @@ static const kw__cli_cmd diff_cmd = {
         "are A's and those after it B's; when none follow --against, B uses A's.\n"
         "Exit 0 when the key sets are equal, 1 when they differ, 2 on bad input.\n"
         "\n",
-    .opts = diff_rows,
-    .nopts = sizeof diff_rows / sizeof diff_rows[0],
+    KW__CLI_ROWS(diff_rows),
     .model = true,
 };
 

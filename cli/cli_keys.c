@@ -27,8 +27,7 @@ static const kw__cli_cmd keys_cmd = {
              "Prints the compile keys a sparse-MLA serving process needs for this model\n"
              "and deployment (docs/spec/warmup-keys.md), with their digests.\n"
              "\n",
-    .opts = keys_rows,
-    .nopts = sizeof keys_rows / sizeof keys_rows[0],
+    KW__CLI_ROWS(keys_rows),
     .model = true,
 };
 

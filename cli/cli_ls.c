@@ -125,8 +125,7 @@ static const kw__cli_cmd ls_cmd = {
         "fields.  Works on a cache this user cannot write.  Last-used times and\n"
         "hits are those last written to the cache.\n"
         "\n",
-    .opts = ls_rows,
-    .nopts = sizeof ls_rows / sizeof ls_rows[0],
+    KW__CLI_ROWS(ls_rows),
 };
 
 /* True when the pins document (kwarm pins --json) names the set name. */
@@ -298,8 +297,7 @@ static const kw__cli_cmd evict_cmd = {
         "When a matching entry is pinned (by kwarm prewarm --pin, or a pin set),\n"
         "nothing is removed and the exit status is 1, unless --force.\n"
         "\n",
-    .opts = evict_rows,
-    .nopts = sizeof evict_rows / sizeof evict_rows[0],
+    KW__CLI_ROWS(evict_rows),
 };
 
 /* Parses evict's arguments; -1 to go on, else an exit code. */

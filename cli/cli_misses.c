@@ -51,8 +51,7 @@ static const kw__cli_cmd misses_cmd = {
              "each with the nearest cached key of the same family and arch, the fields\n"
              "that differ (requested and cached) and the pins that hold that key.\n"
              "\n",
-    .opts = misses_rows,
-    .nopts = sizeof misses_rows / sizeof misses_rows[0],
+    KW__CLI_ROWS(misses_rows),
 };
 
 /* One miss: when, who, what, and the nearest key's differences. */

@@ -80,8 +80,7 @@ static const kw__cli_cmd prewarm_cmd = {
         "prewarm of the same deployment compiles nothing. Exit 1 when a key\n"
         "failed or the deployment does not fit in the cache.\n"
         "\n",
-    .opts = prewarm_rows,
-    .nopts = sizeof prewarm_rows / sizeof prewarm_rows[0],
+    KW__CLI_ROWS(prewarm_rows),
     .model = true,
 };
 

@@ -55,8 +55,7 @@ static const kw__cli_cmd verify_cmd = {
         "Keys for another architecture than the GPU's are counted as skipped.\n"
         "With --cache, runs every entry of the cache directory instead.\n"
         "\n",
-    .opts = verify_rows,
-    .nopts = sizeof verify_rows / sizeof verify_rows[0],
+    KW__CLI_ROWS(verify_rows),
     .model = true,
 };
 

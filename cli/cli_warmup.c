@@ -65,8 +65,7 @@ static const kw__cli_cmd warmup_cmd = {
              "exit 1 when a key failed, kwarmd stopped before the end, or it sent\n"
              "nothing for --wait-timeout.\n"
              "\n",
-    .opts = warmup_rows,
-    .nopts = sizeof warmup_rows / sizeof warmup_rows[0],
+    KW__CLI_ROWS(warmup_rows),
     .model = true,
 };
 
