@@ -1,7 +1,8 @@
 # kwarm: the two commands of the README.  CMake does the real build; this
 # file only sequences set-up, build, run and test.
 #
-#   make run    install missing Debian packages (as root), build, start
+#   make run    install missing Debian packages (as root), build kwarmd,
+#               kwarm and kwarm-compile (nothing else), start
 #               kwarmd on a socket and cache under the build tree, warm the
 #               embedded default (DeepSeek-V3.2) through it, fetch one
 #               kernel, print the stats, stop the daemon
@@ -28,6 +29,11 @@ PREFIX     ?= /usr/local
 # the client with Debian's setuptools and wheel: nothing is downloaded).
 PYTHON     ?= /usr/bin/python3
 
+# Prints how many ctest tests of build dir $(1) were skipped (a gpu_ suite
+# without a CUDA driver, a root-only suite), from ctest's JUnit report.
+skipped = echo "== $$(grep -o 'skipped="[0-9]*"' $(abspath $(1))/ctest.xml | \
+  head -1 | tr -dc 0-9) tests skipped (ctest lists them above)"
+
 .PHONY: all deps build build-asan run test clean install
 
 all: build
@@ -45,14 +51,21 @@ build-asan: deps
 	cmake -S . -B $(ASAN_BUILD) -DKW_WERROR=ON -DKW_SANITIZE=ON $(CMAKE_FLAGS) >/dev/null
 	cmake --build $(ASAN_BUILD) -j$(JOBS)
 
-run: build
+# The demo needs only the two programs and the compile worker: not every
+# test and benchmark that `build` makes.
+run: deps $(BUILD)/Makefile
+	cmake --build $(BUILD) -j$(JOBS) --target kwarmd kwarm kwarm-compile
 	@scripts/run-demo.sh $(BUILD) $(MODEL)
 
 test: build build-asan
 	@echo "== tests ($(BUILD))"
-	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
+	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) \
+	  --output-junit $(abspath $(BUILD))/ctest.xml; \
+	  s=$$?; $(call skipped,$(BUILD)); exit $$s
 	@echo "== tests under ASan/UBSan ($(ASAN_BUILD))"
-	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j$(JOBS)
+	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j$(JOBS) \
+	  --output-junit $(abspath $(ASAN_BUILD))/ctest.xml; \
+	  s=$$?; $(call skipped,$(ASAN_BUILD)); exit $$s
 	@echo "== Python client: pip install into a temporary venv, tests against kwarmd"
 	@v=$$(mktemp -d /tmp/kwarm-venv.XXXXXX) && \
 	  cp -r client/python $$v/src && \

@@ -7,10 +7,12 @@
 #define KW_CLI_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "kw_config.h"
 #include "kw_keys.h"
+#include "kw_opt.h"
 
 enum { KW_CLI_OK = 0, KW_CLI_RUNTIME = 1, KW_CLI_USAGE = 2 };
 
@@ -25,37 +27,83 @@ typedef struct kw__cli_model {
     kw_config_model cfg;     /* loaded by kw__cli_model_load() */
 } kw__cli_model;
 
-/* Reads the value of the flag at argv[*i] ("--x v" or "--x=v"); advances
- * *i past it.  Prints an error and returns NULL when it is missing. */
-const char *kw__cli_value(const char *cmd, int argc, char **argv, int *i);
-
-/* Returns true when argv[i]'s name (before any '=') equals name. */
-bool kw__cli_is(const char *arg, const char *name);
-
-/* kwarm get's flags: parsed by one function whether the key is read from
- * a cache directory (--cache, cli_cache.c) or asked of kwarmd (--socket,
- * cli_daemon.c). */
+/* kwarm get's flags: parsed by one table whether the key is read from a
+ * cache directory (--cache, cli_cache.c) or asked of kwarmd (--socket or
+ * neither, cli_daemon.c). */
 typedef struct kw__cli_get_opts {
     const char *digest, *family, *fields, *arch, *out;
-    const char *where;    /* the value of --cache or --socket, or NULL */
+    const char *cache, *socket;
+    const char *where;    /* cache or socket (NULL: the default socket) */
     bool no_compile;
 } kw__cli_get_opts;
 
-/* Parses get's flags into o (zeroed first).  where_flag is "--cache"
- * (then required) or "--socket" (optional).  Each flag at most once,
- * exactly one way of naming the key, -o checked before any work.  Returns
- * -1 to go on, else an exit code (a message printed). */
-int kw__cli_get_parse(kw__cli_get_opts *o, int argc, char **argv,
-                      const char *where_flag);
+/* Parses get's flags into o (zeroed first): each flag at most once,
+ * --cache or --socket, exactly one way of naming the key, -o checked
+ * before any work.  Returns -1 to go on, else an exit code (a message
+ * printed, or --help). */
+int kw__cli_get_parse(kw__cli_get_opts *o, int argc, char **argv);
+
+/* kwarm stats' flags (cli_cache.c's table). */
+typedef struct kw__cli_stats_opts {
+    const char *cache, *socket;
+    bool json, prometheus;
+} kw__cli_stats_opts;
+
+/* A command's option table (cli_opt.c): parsing, --help, and through
+ * --help the man page and completion.  usage: the text before the option
+ * lines ("usage: ...", what the command does, a blank line); opts: the
+ * command's own rows (-h/--help is added); model: takes --model, --deploy
+ * and the deployment flags; tail: text after the options, or NULL. */
+typedef struct kw__cli_cmd {
+    const char *name;
+    const char *usage;
+    const kw_opt *opts;
+    size_t nopts;
+    bool model;
+    const char *tail;
+} kw__cli_cmd;
+
+/* Parses argv[1..] (getopt_long) against cmd's rows, storing each value
+ * into its field of opts and the model group into m (NULL when
+ * !cmd->model); up to npos positional arguments go to pos[].  A flag is
+ * spelled out, given at most once (switches aside), and its value checked
+ * against its row.  Returns -1 to go on, else the exit code: 0 after
+ * --help, 2 after printing the error (with the nearest flag for a typo).
+ * Uses getopt's global state: main thread only. */
+int kw__cli_getopt(const kw__cli_cmd *cmd, int argc, char **argv, void *opts,
+                   kw__cli_model *m, const char **pos, size_t npos);
+
+/* The --socket row of the commands that talk to kwarmd: a const char *
+ * field of the command's options struct. */
+#define KW__CLI_SOCKET_ROW(T, field)                                      \
+    {.name = "socket", .type = KW_OPT_TEXT, .arg = "PATH",                  \
+     .off = offsetof(T, field), .size = sizeof(const char *),            \
+     .help = "kwarmd's socket ($KWARM_SOCKET, else\n"                      \
+             "$XDG_RUNTIME_DIR/kwarm.sock, or\n"                           \
+             "/run/kwarm/kwarm.sock for root)"}
+
+/* A switch row and a text row (a const char * field) of struct T. */
+#define KW__CLI_SWITCH(T, field, flag, text)                              \
+    {.name = flag, .type = KW_OPT_SWITCH, .off = offsetof(T, field),     \
+     .size = sizeof(bool), .help = text}
+#define KW__CLI_TEXT(T, field, flag, argname, text)                       \
+    {.name = flag, .type = KW_OPT_TEXT, .arg = argname,                     \
+     .off = offsetof(T, field), .size = sizeof(const char *), .help = text}
+
+/* --jobs N: compile threads, 1..KW_CLI_MAX_JOBS, into an unsigned. */
+#define KW__CLI_JOBS(T, field, text)                                         \
+    {.name = "jobs", .type = KW_OPT_UINT, .arg = "N", .min = 1,             \
+     .max = KW_CLI_MAX_JOBS, .off = offsetof(T, field),                     \
+     .size = sizeof(unsigned), .help = text}
+
+/* The .opts and .nopts of a kw__cli_cmd from a static array of rows. */
+#define KW__CLI_ROWS(rows) .opts = rows, .nopts = sizeof rows / sizeof rows[0]
+
+/* Prints cmd's --help from its rows on stdout; returns KW_CLI_OK. */
+int kw__cli_help(const kw__cli_cmd *cmd);
 
 /* Initialises a for parsing. */
 void kw__cli_model_init(kw__cli_model *a);
-
-/* Consumes argv[*i] when it is --model, --deploy or a deployment flag.
- * Returns 1 when consumed, 0 when it is none of those, or KW_CLI_USAGE
- * negated (-2) after printing the error. */
-int kw__cli_model_arg(kw__cli_model *a, const char *cmd, int argc, char **argv,
-                      int *i);
 
 /* Loads --deploy, the config (--model -: read from standard input, which
  * must not be a terminal, into a->text) and resolves the deployment.
@@ -65,9 +113,6 @@ int kw__cli_model_load(kw__cli_model *a, const char *cmd);
 
 /* Frees what a owns. */
 void kw__cli_model_destroy(kw__cli_model *a);
-
-/* The help text for the deployment flags, shared by every command. */
-extern const char kw__cli_deploy_help[];
 
 /* Prints "kwarm CMD: MESSAGE" to stderr. */
 void kw__cli_err(const char *cmd, const char *fmt, ...)
@@ -87,16 +132,6 @@ typedef void (*kw__cli_done_fn)(size_t i, void *arg);
 int kw__cli_compile_all(const kw_keys_key *keys, size_t n, unsigned jobs,
                         kw_jit_result *res, int *rc, const char *label,
                         kw__cli_done_fn done_fn, void *arg);
-
-/* Reads the value of the flag at argv[*i] (its name, before any '=', names
- * it in errors) into *out: an integer in [1, max], described as `what` ("an
- * integer", "a number of seconds").  Prints the error and returns -1 when
- * it is missing or bad. */
-int kw__cli_count(const char *cmd, int argc, char **argv, int *i,
-                  const char *what, unsigned max, unsigned *out);
-
-/* kw__cli_count() for --jobs: 1..KW_CLI_MAX_JOBS. */
-int kw__cli_jobs(const char *cmd, int argc, char **argv, int *i, unsigned *jobs);
 
 /* The online processors, capped at KW_CLI_MAX_JOBS: the --jobs default. */
 unsigned kw__cli_default_jobs(void);
@@ -172,44 +207,14 @@ int kw__cli_cache_open(const char *cmd, const char *dir, kw__cli_access how,
 int kw__cli_digest_resolve(const char *cmd, struct kw_cache *c,
                            const char *hex, uint8_t out[32]);
 
-/* True when argv[1..] holds flag (as "flag" or "flag=..."). */
-bool kw__cli_has_flag(int argc, char **argv, const char *flag);
-
-/* True when argv[1..] holds -h or --help. */
-bool kw__cli_wants_help(int argc, char **argv);
-
-/* One option of a cache-admin command (kw__cli_parse): a flag that takes
- * a value (value set) or a switch (set set). */
-typedef struct kw__cli_opt {
-    const char *flag;
-    const char **value;
-    bool *set;
-} kw__cli_opt;
-
-/* Parses argv[1..] against opts; at most one positional argument goes to
- * *pos (pos NULL: none allowed).  -h/--help prints usage.  Returns -1 to go
- * on, else the exit code (after printing the error). */
-int kw__cli_parse(const char *cmd, int argc, char **argv,
-                  const kw__cli_opt *opts, size_t nopts, const char **pos,
-                  const char *usage);
-
 /* Bounds the connect, and every wait of the short requests (ping, stats).
  * Compiling gets and warmups then wait as long as a compile takes. */
 #define KW_CLI_TIMEOUT_MS 10000
 
-/* What the kwarmd commands share (cli_daemon.c).  kw__cli_socket_help: the
- * --socket lines of their help.  kw__cli_print_usage: usage, then those
- * lines and -h, then (model) the deployment flags, on stdout; returns
- * KW_CLI_OK.  kw__cli_request_failed: prints the failure rc of a request
- * on c; returns its exit code (2 when kwarmd refused the input).
- * kw__cli_socket_arg: reads --socket's value at argv[*i] into *path; 1
- * when argv[*i] is --socket, 0 when not, -KW_CLI_USAGE after printing. */
+/* Prints the failure rc of a request on c (cli_daemon.c); returns its
+ * exit code (2 when kwarmd refused the input). */
 struct kw_client;
-extern const char kw__cli_socket_help[];
-int kw__cli_print_usage(const char *usage, bool model);
 int kw__cli_request_failed(const char *cmd, const struct kw_client *c, int rc);
-int kw__cli_socket_arg(const char *cmd, int argc, char **argv, int *i,
-                       const char **path);
 
 /* Connects to kwarmd at path (NULL: the default socket) for cmd.  Prints
  * why not, saying "not a socket" for a path that is something else (exit
@@ -259,15 +264,6 @@ int kw__cli_arch_check(const char *cmd, const kw_config_deploy *d);
 int kw__cli_arch_one(const char *cmd, const char *arch);
 int kw__cli_fields_check(const char *cmd, int fam, const int64_t *fields);
 
-/* "did you mean" (cli_suggest.c).  kw__cli_nearest: the candidate of
- * cands[0..n) a few edits from word, or NULL.  kw__cli_unknown: prints
- * "ARG: unknown argument" for cmd, naming the flag of help or more_help
- * (either may be NULL) nearest to arg when one is near; returns
- * KW_CLI_USAGE. */
-const char *kw__cli_nearest(const char *word, const char *const *cands,
-                            size_t n);
-int kw__cli_unknown(const char *cmd, const char *arg, const char *help,
-                    const char *more_help);
 
 /* The commands. */
 int kw__cli_keys(int argc, char **argv);
@@ -284,11 +280,11 @@ int kw__cli_unpin(int argc, char **argv);
 int kw__cli_resize(int argc, char **argv);
 
 /* The commands that talk to kwarmd (cli_daemon.c, cli_warmup.c).  kw__cli_get and
- * kw__cli_stats hand over to the _socket forms when no --cache is given;
- * those take the same argv (argv[0] is the command name). */
+ * kw__cli_stats hand over to the _socket forms, with the options they
+ * parsed, when no --cache is given. */
 int kw__cli_ping(int argc, char **argv);
 int kw__cli_warmup(int argc, char **argv);
-int kw__cli_get_socket(int argc, char **argv);
-int kw__cli_stats_socket(int argc, char **argv);
+int kw__cli_get_socket(const kw__cli_get_opts *o);
+int kw__cli_stats_socket(const kw__cli_stats_opts *o);
 
 #endif /* KW_CLI_H */

@@ -9,6 +9,7 @@
 #include "cli.h"
 
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,33 +23,17 @@
 #include "kw_warm.h"
 #include "kw_parse.h"
 
-int kw__cli_parse(const char *cmd, int argc, char **argv,
-                  const kw__cli_opt *opts, size_t nopts, const char **pos,
-                  const char *usage)
-{
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
-            fputs(usage, stdout);
-            return KW_CLI_OK;
-        }
-        size_t f = 0;
-        while (f < nopts && !(opts[f].value != NULL
-                                  ? kw__cli_is(argv[i], opts[f].flag)
-                                  : strcmp(argv[i], opts[f].flag) == 0))
-            f++;
-        if (f < nopts && opts[f].value != NULL) {
-            if ((*opts[f].value = kw__cli_value(cmd, argc, argv, &i)) == NULL)
-                return KW_CLI_USAGE;
-        } else if (f < nopts) {
-            *opts[f].set = true;
-        } else if (pos != NULL && *pos == NULL && argv[i][0] != '-') {
-            *pos = argv[i];
-        } else {
-            return kw__cli_unknown(cmd, argv[i], usage, NULL);
-        }
-    }
-    return -1;
-}
+/* The flags pins, unpin and resize share: a cache directory, or kwarmd. */
+typedef struct admin_opts {
+    const char *cache, *socket;
+    bool json;
+} admin_opts;
+
+#define ADMIN_ROWS(cache_help, json_help)                                    \
+    KW__CLI_TEXT(admin_opts, cache, "cache", "DIR", cache_help),             \
+    KW__CLI_TEXT(admin_opts, socket, "socket", "PATH",                       \
+                 "ask kwarmd instead (its cache)"),                         \
+    KW__CLI_SWITCH(admin_opts, json, "json", json_help)
 
 /* Prints the failure rc of an admin request on c.  A read-only kwarmd's
  * refusal may come with no text after "kwarmd: " or after its last ": ";
@@ -136,19 +121,22 @@ uint64_t kw__cli_u64(const cJSON *obj, const char *name)
 
 /* ---- pins ---------------------------------------------------------------- */
 
-static const char pins_usage[] =
-    "usage: kwarm pins --cache DIR [--json]\n"
-    "\n"
-    "Lists the named pin sets of the cache (kwarm prewarm --pin NAME and\n"
-    "kwarm warmup --pin NAME record them): name, digests recorded, entries\n"
-    "present, their bytes, and when the set was recorded.  Entries of a set\n"
-    "are never evicted for size; kwarm unpin NAME releases them.\n"
-    "\n"
-    "  --cache DIR                the cache directory (works read-only)\n"
-    "  --socket PATH              ask kwarmd instead (its cache)\n"
-    "  --json                     {\"pins\": [{\"name\", \"digests\", \"entries\",\n"
-    "                             \"bytes\", \"created\"}]}\n"
-    "  -h, --help                 this text\n";
+static const kw_opt pins_rows[] = {ADMIN_ROWS("the cache directory (works read-only)",
+                                           "{\"pins\": [{\"name\", \"digests\", \"entries\",\n"
+                                           "\"bytes\", \"created\"}]}")};
+
+static const kw__cli_cmd pins_cmd = {
+    .name = "pins",
+    .usage =
+        "usage: kwarm pins --cache DIR [--json]\n"
+        "\n"
+        "Lists the named pin sets of the cache (kwarm prewarm --pin NAME and\n"
+        "kwarm warmup --pin NAME record them): name, digests recorded, entries\n"
+        "present, their bytes, and when the set was recorded.  Entries of a set\n"
+        "are never evicted for size; kwarm unpin NAME releases them.\n"
+        "\n",
+    KW__CLI_ROWS(pins_rows),
+};
 
 void kw__cli_print_pins(const cJSON *doc, bool json)
 {
@@ -176,12 +164,10 @@ void kw__cli_print_pins(const cJSON *doc, bool json)
 
 int kw__cli_pins(int argc, char **argv)
 {
-    const char *dir = NULL, *sock = NULL;
-    bool json = false;
-    const kw__cli_opt opts[] = {{"--cache", &dir, NULL},
-                                {"--socket", &sock, NULL},
-                                {"--json", NULL, &json}};
-    int rc = kw__cli_parse("pins", argc, argv, opts, 3, NULL, pins_usage);
+    admin_opts o = {0};
+    int rc = kw__cli_getopt(&pins_cmd, argc, argv, &o, NULL, NULL, 0);
+    const char *dir = o.cache, *sock = o.socket;
+    bool json = o.json;
     if (rc >= 0)
         return rc;
     kw_cache *c = NULL;
@@ -208,19 +194,22 @@ int kw__cli_pins(int argc, char **argv)
 
 /* ---- unpin --------------------------------------------------------------- */
 
-static const char unpin_usage[] =
-    "usage: kwarm unpin --cache DIR NAME [--json]\n"
-    "\n"
-    "Deletes the pin set NAME.  Its entries stay in the cache but may be\n"
-    "evicted for size again (unless another set or a pin holds them).\n"
-    "After a rollout: pin the new deployment, then unpin the old one.\n"
-    "Exit 1 when there is no such set.\n"
-    "\n"
-    "  --cache DIR                the cache directory\n"
-    "  --socket PATH              ask kwarmd instead (its cache)\n"
-    "  --json                     {\"name\", \"digests\", \"entries\", \"bytes\"}:\n"
-    "                             the set as it was\n"
-    "  -h, --help                 this text\n";
+static const kw_opt unpin_rows[] = {ADMIN_ROWS("the cache directory",
+                                            "{\"name\", \"digests\", \"entries\", \"bytes\"}:\n"
+                                            "the set as it was")};
+
+static const kw__cli_cmd unpin_cmd = {
+    .name = "unpin",
+    .usage =
+        "usage: kwarm unpin --cache DIR NAME [--json]\n"
+        "\n"
+        "Deletes the pin set NAME.  Its entries stay in the cache but may be\n"
+        "evicted for size again (unless another set or a pin holds them).\n"
+        "After a rollout: pin the new deployment, then unpin the old one.\n"
+        "Exit 1 when there is no such set.\n"
+        "\n",
+    KW__CLI_ROWS(unpin_rows),
+};
 
 void kw__cli_print_unpin(const cJSON *doc, bool json)
 {
@@ -236,12 +225,11 @@ void kw__cli_print_unpin(const cJSON *doc, bool json)
 
 int kw__cli_unpin(int argc, char **argv)
 {
-    const char *dir = NULL, *sock = NULL, *name = NULL;
-    bool json = false;
-    const kw__cli_opt opts[] = {{"--cache", &dir, NULL},
-                                {"--socket", &sock, NULL},
-                                {"--json", NULL, &json}};
-    int rc = kw__cli_parse("unpin", argc, argv, opts, 3, &name, unpin_usage);
+    admin_opts o = {0};
+    const char *name = NULL;
+    int rc = kw__cli_getopt(&unpin_cmd, argc, argv, &o, NULL, &name, 1);
+    const char *dir = o.cache, *sock = o.socket;
+    bool json = o.json;
     if (rc >= 0)
         return rc;
     if (name == NULL) {
@@ -278,21 +266,24 @@ int kw__cli_unpin(int argc, char **argv)
 
 /* ---- resize -------------------------------------------------------------- */
 
-static const char resize_usage[] =
-    "usage: kwarm resize --cache DIR SIZE [--json]\n"
-    "\n"
-    "Stores a new size limit in the cache: every later opener (prewarm,\n"
-    "kwarmd, get) uses it.  A cache over the new limit is trimmed at once,\n"
-    "least recently used first, never a pinned entry; exit 1, changing\n"
-    "nothing, when the pinned entries alone exceed SIZE.\n"
-    "\n"
-    "  SIZE                       bytes, or with K/M/G/T (1024-based), at\n"
-    "                             least 1M\n"
-    "  --cache DIR                the cache directory\n"
-    "  --socket PATH              ask kwarmd instead (its cache)\n"
-    "  --json                     {\"max_size\", \"previous\", \"evicted\",\n"
-    "                             \"entries\", \"bytes\"}\n"
-    "  -h, --help                 this text\n";
+static const kw_opt resize_rows[] = {ADMIN_ROWS("the cache directory",
+                                             "{\"max_size\", \"previous\", \"evicted\",\n"
+                                             "\"entries\", \"bytes\"}")};
+
+static const kw__cli_cmd resize_cmd = {
+    .name = "resize",
+    .usage =
+        "usage: kwarm resize --cache DIR SIZE [--json]\n"
+        "\n"
+        "Stores a new size limit in the cache: every later opener (prewarm,\n"
+        "kwarmd, get) uses it.  A cache over the new limit is trimmed at once,\n"
+        "least recently used first, never a pinned entry; exit 1, changing\n"
+        "nothing, when the pinned entries alone exceed SIZE.\n"
+        "\n"
+        "  SIZE                       bytes, or with K/M/G/T (1024-based), at\n"
+        "                             least 1M\n",
+    KW__CLI_ROWS(resize_rows),
+};
 
 void kw__cli_print_resize(const cJSON *doc, const char *where, bool json)
 {
@@ -309,12 +300,11 @@ void kw__cli_print_resize(const cJSON *doc, const char *where, bool json)
 
 int kw__cli_resize(int argc, char **argv)
 {
-    const char *dir = NULL, *sock = NULL, *text = NULL;
-    bool json = false;
-    const kw__cli_opt opts[] = {{"--cache", &dir, NULL},
-                                {"--socket", &sock, NULL},
-                                {"--json", NULL, &json}};
-    int rc = kw__cli_parse("resize", argc, argv, opts, 3, &text, resize_usage);
+    admin_opts o = {0};
+    const char *text = NULL;
+    int rc = kw__cli_getopt(&resize_cmd, argc, argv, &o, NULL, &text, 1);
+    const char *dir = o.cache, *sock = o.socket;
+    bool json = o.json;
     if (rc >= 0)
         return rc;
     uint64_t size = 0;

@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,50 +19,78 @@
 #include "kw_jit.h"
 #include "kw_parse.h"
 
-static const char get_usage[] =
-    "usage: kwarm get (--digest HEX | --family F --fields k=v,... --arch sm_XX)\n"
-    "                 --cache DIR -o FILE\n"
-    "       kwarm get (...same key...) -o FILE [--socket PATH] [--no-compile]\n"
-    "\n"
-    "Writes one cubin to FILE and prints its entry point.  The key is its\n"
-    "digest, or the family, every field of it and the arch.  With --cache the\n"
-    "directory is read directly; otherwise kwarmd is asked.\n"
-    "\n"
-    "On a miss, a key given by family, fields and arch is compiled (and\n"
-    "stored), unless --no-compile or the cache is read-only.  A digest cannot\n"
-    "be compiled (it names no fields): a missing digest is an error, exit 1.\n"
-    "\n"
-    "  --digest HEX               64 hex digits, or a unique prefix of at least\n"
-    "                             8 (the 16 kwarm keys prints); ambiguous: exit 2\n"
-    "  --family F                 kernel family, e.g. dcp_stable_topk\n"
-    "  --fields k=v,...           every field of the family (kwarm keys --json)\n"
-    "  --arch sm_XX               target architecture\n"
-    "  --cache DIR                read this cache directory (works read-only)\n"
-    "  --socket PATH              ask kwarmd on PATH ($KWARM_SOCKET, else\n"
-    "                             $XDG_RUNTIME_DIR/kwarm.sock, or\n"
-    "                             /run/kwarm/kwarm.sock for root)\n"
-    "  -o FILE                    where the cubin goes: a regular file is\n"
-    "                             replaced atomically, a device or FIFO written\n"
-    "                             in place (-o /dev/stdout), - is stdout (not a\n"
-    "                             terminal); a directory is refused\n"
-    "  --no-compile               never compile a miss\n"
-    "  -h, --help                 this text\n";
+#define GO(field) .off = offsetof(kw__cli_get_opts, field), \
+                  .size = sizeof(const char *)
 
-static const char stats_usage[] =
-    "usage: kwarm stats --cache DIR [--json]\n"
-    "       kwarm stats [--socket PATH] [--json | --prometheus]   (ask kwarmd)\n"
-    "\n"
-    "Prints the cache's entries, bytes, size limit, hits, misses, compiles,\n"
-    "compile failures, evictions, corrupt entries found, pinned entries and\n"
-    "bytes, and whether it is read-only.  A cache this user cannot write is\n"
-    "read read-only.\n"
-    "\n"
-    "  --cache DIR                the cache directory\n"
-    "  --socket PATH              ask kwarmd on PATH instead\n"
-    "  --json                     one JSON object with those fields\n"
-    "  --prometheus               (kwarmd only) the text kwarmd\n"
-    "                             --metrics-listen serves\n"
-    "  -h, --help                 this text\n";
+/* get's one table: both forms (--cache DIR, or kwarmd at --socket). */
+static const kw_opt get_rows[] = {
+    {.name = "digest", .type = KW_OPT_TEXT, .arg = "HEX", GO(digest),
+     .help = "64 hex digits, or a unique prefix of at least\n"
+             "8 (the 16 kwarm keys prints); ambiguous: exit 2"},
+    {.name = "family", .type = KW_OPT_TEXT, .arg = "F", GO(family),
+     .help = "kernel family, e.g. dcp_stable_topk"},
+    {.name = "fields", .type = KW_OPT_TEXT, .arg = "k=v,...", GO(fields),
+     .help = "every field of the family (kwarm keys --json)"},
+    {.name = "arch", .type = KW_OPT_TEXT, .arg = "sm_XX", GO(arch),
+     .help = "target architecture"},
+    {.name = "cache", .type = KW_OPT_TEXT, .arg = "DIR", GO(cache),
+     .help = "read this cache directory (works read-only)"},
+    {.name = "socket", .type = KW_OPT_TEXT, .arg = "PATH", GO(socket),
+     .help = "ask kwarmd on PATH ($KWARM_SOCKET, else\n"
+             "$XDG_RUNTIME_DIR/kwarm.sock, or\n"
+             "/run/kwarm/kwarm.sock for root)"},
+    {.name = "output", .short_name = 'o', .type = KW_OPT_TEXT, .arg = "FILE",
+     GO(out),
+     .help = "where the cubin goes: a regular file is\n"
+             "replaced atomically, a device or FIFO written\n"
+             "in place (-o /dev/stdout), - is stdout (not a\n"
+             "terminal); a directory is refused"},
+    KW__CLI_SWITCH(kw__cli_get_opts, no_compile, "no-compile",
+                   "never compile a miss"),
+};
+#undef GO
+
+static const kw__cli_cmd get_cmd = {
+    .name = "get",
+    .usage =
+        "usage: kwarm get (--digest HEX | --family F --fields k=v,... --arch sm_XX)\n"
+        "                 --cache DIR -o FILE\n"
+        "       kwarm get (...same key...) -o FILE [--socket PATH] [--no-compile]\n"
+        "\n"
+        "Writes one cubin to FILE and prints its entry point.  The key is its\n"
+        "digest, or the family, every field of it and the arch.  With --cache the\n"
+        "directory is read directly; otherwise kwarmd is asked.\n"
+        "\n"
+        "On a miss, a key given by family, fields and arch is compiled (and\n"
+        "stored), unless --no-compile or the cache is read-only.  A digest cannot\n"
+        "be compiled (it names no fields): a missing digest is an error, exit 1.\n"
+        "\n",
+    KW__CLI_ROWS(get_rows),
+};
+
+static const kw_opt stats_rows[] = {
+    KW__CLI_TEXT(kw__cli_stats_opts, cache, "cache", "DIR", "the cache directory"),
+    KW__CLI_TEXT(kw__cli_stats_opts, socket, "socket", "PATH",
+                 "ask kwarmd on PATH instead"),
+    KW__CLI_SWITCH(kw__cli_stats_opts, json, "json",
+                   "one JSON object with those fields"),
+    KW__CLI_SWITCH(kw__cli_stats_opts, prometheus, "prometheus",
+                   "(kwarmd only) the text kwarmd\n--metrics-listen serves"),
+};
+
+static const kw__cli_cmd stats_cmd = {
+    .name = "stats",
+    .usage =
+        "usage: kwarm stats --cache DIR [--json]\n"
+        "       kwarm stats [--socket PATH] [--json | --prometheus]   (ask kwarmd)\n"
+        "\n"
+        "Prints the cache's entries, bytes, size limit, hits, misses, compiles,\n"
+        "compile failures, evictions, corrupt entries found, pinned entries and\n"
+        "bytes, and whether it is read-only.  A cache this user cannot write is\n"
+        "read read-only.\n"
+        "\n",
+    KW__CLI_ROWS(stats_rows),
+};
 
 typedef kw__cli_get_opts get_opts; /* where: the --cache directory */
 
@@ -258,55 +287,20 @@ int kw__cli_digest_resolve(const char *cmd, kw_cache *c, const char *hex,
     }
 }
 
-bool kw__cli_has_flag(int argc, char **argv, const char *flag)
-{
-    for (int i = 1; i < argc; i++)
-        if (kw__cli_is(argv[i], flag))
-            return true;
-    return false;
-}
-
-bool kw__cli_wants_help(int argc, char **argv)
-{
-    for (int i = 1; i < argc; i++)
-        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0)
-            return true;
-    return false;
-}
-
-int kw__cli_get_parse(kw__cli_get_opts *o, int argc, char **argv,
-                      const char *where_flag)
+int kw__cli_get_parse(kw__cli_get_opts *o, int argc, char **argv)
 {
     *o = (kw__cli_get_opts){0};
-    struct {
-        const char *flag;
-        const char **slot;
-    } flags[] = {{"--digest", &o->digest}, {"--family", &o->family},
-                 {"--fields", &o->fields}, {"--arch", &o->arch},
-                 {where_flag, &o->where},  {"-o", &o->out}};
-    size_t nflags = sizeof flags / sizeof *flags;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--no-compile") == 0) {
-            o->no_compile = true;
-            continue;
-        }
-        size_t f = 0;
-        while (f < nflags && !kw__cli_is(argv[i], flags[f].flag))
-            f++;
-        if (f == nflags) {
-            return kw__cli_unknown("get", argv[i], get_usage, NULL);
-        }
-        if (*flags[f].slot != NULL) {
-            kw__cli_err("get", "%s: given more than once", flags[f].flag);
-            return KW_CLI_USAGE;
-        }
-        if ((*flags[f].slot = kw__cli_value("get", argc, argv, &i)) == NULL)
-            return KW_CLI_USAGE;
+    int rc = kw__cli_getopt(&get_cmd, argc, argv, o, NULL, NULL, 0);
+    if (rc >= 0)
+        return rc;
+    if (o->cache != NULL && o->socket != NULL) {
+        kw__cli_err("get", "--cache and --socket: give one (a directory, or "
+                    "kwarmd)");
+        return KW_CLI_USAGE;
     }
+    o->where = o->cache ? o->cache : o->socket;
     bool by_key = o->family || o->fields || o->arch;
-    bool cache = strcmp(where_flag, "--cache") == 0;
-    const char *missing = cache && o->where == NULL ? "--cache"
-                          : o->out == NULL ? "-o"
+    const char *missing = o->out == NULL ? "-o"
                           : (o->digest != NULL) == by_key ? "--digest or --family/--fields/--arch"
                           : by_key && !(o->family && o->fields && o->arch) ? "--family, --fields and --arch"
                           : NULL;
@@ -396,18 +390,13 @@ static int get_fetch(const get_opts *o, kw_cache *c, const kw_keys_key *k)
 int kw__cli_get(int argc, char **argv)
 {
     get_opts o;
-    bool help = kw__cli_wants_help(argc, argv);
-    if (help && !kw__cli_has_flag(argc, argv, "--socket")) {
-        fputs(get_usage, stdout);
-        return KW_CLI_OK;
-    }
-    if (!kw__cli_has_flag(argc, argv, "--cache"))
-        return kw__cli_get_socket(argc, argv);
-    kw_keys_key k;
-    kw_cache *c = NULL;
-    int rc = kw__cli_get_parse(&o, argc, argv, "--cache");
+    int rc = kw__cli_get_parse(&o, argc, argv);
     if (rc >= 0)
         return rc;
+    if (o.cache == NULL)
+        return kw__cli_get_socket(&o);
+    kw_keys_key k;
+    kw_cache *c = NULL;
     if (o.digest == NULL && key_from_flags(&o, &k) < 0)
         return KW_CLI_USAGE;
     if (o.digest != NULL && strspn(o.digest, "0123456789abcdefABCDEF") !=
@@ -458,33 +447,23 @@ static bool writable(const char *dir)
 
 int kw__cli_stats(int argc, char **argv)
 {
-    const char *dir = NULL;
-    if (kw__cli_wants_help(argc, argv) && !kw__cli_has_flag(argc, argv, "--socket")) {
-        fputs(stats_usage, stdout);
-        return KW_CLI_OK;
+    kw__cli_stats_opts o = {0};
+    int rc = kw__cli_getopt(&stats_cmd, argc, argv, &o, NULL, NULL, 0);
+    if (rc >= 0)
+        return rc;
+    if (o.cache == NULL)
+        return kw__cli_stats_socket(&o);
+    if (o.prometheus || o.socket) {
+        kw__cli_err("stats", "%s: asks kwarmd, and --cache reads a directory: "
+                    "give one (kwarm stats --socket PATH --prometheus)",
+                    o.socket ? "--socket" : "--prometheus");
+        return KW_CLI_USAGE;
     }
-    if (!kw__cli_has_flag(argc, argv, "--cache"))
-        return kw__cli_stats_socket(argc, argv);
-    bool json = false;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--json") == 0)
-            json = true;
-        else if (kw__cli_is(argv[i], "--cache")) {
-            if ((dir = kw__cli_value("stats", argc, argv, &i)) == NULL)
-                return KW_CLI_USAGE;
-        } else if (strcmp(argv[i], "--prometheus") == 0 ||
-                   kw__cli_is(argv[i], "--socket")) {
-            kw__cli_err("stats", "%.*s: asks kwarmd, and --cache reads a "
-                        "directory: give one (kwarm stats --socket PATH "
-                        "--prometheus)", (int)strcspn(argv[i], "="), argv[i]);
-            return KW_CLI_USAGE;
-        } else {
-            return kw__cli_unknown("stats", argv[i], stats_usage, NULL);
-        }
-    }
+    const char *dir = o.cache;
+    bool json = o.json;
     kw_cache *c = NULL;
     kw_cache_stats st;
-    int rc = kw__cli_cache_open("stats", dir, KW_CLI_READ, &c);
+    rc = kw__cli_cache_open("stats", dir, KW_CLI_READ, &c);
     if (rc != KW_CLI_OK)
         return rc;
     rc = kw_cache_stats_get(c, &st);

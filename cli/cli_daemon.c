@@ -24,52 +24,22 @@
  * Compiling gets then wait as long as a compile takes. */
 
 
-const char kw__cli_socket_help[] =
-    "  --socket PATH              kwarmd's socket ($KWARM_SOCKET, else\n"
-    "                             $XDG_RUNTIME_DIR/kwarm.sock, or\n"
-    "                             /run/kwarm/kwarm.sock for root)\n";
+typedef struct ping_opts {
+    const char *socket;
+} ping_opts;
 
-static const char ping_usage[] =
-    "usage: kwarm ping [--socket PATH]\n"
-    "\n"
-    "Asks kwarmd for its version; exit 1 when it cannot be reached.\n"
-    "\n";
+static const kw_opt ping_rows[] = {KW__CLI_SOCKET_ROW(ping_opts, socket)};
 
-static const char get_usage[] =
-    "usage: kwarm get (--digest HEX | --family F --fields k=v,... --arch sm_XX)\n"
-    "                 -o FILE [--socket PATH] [--no-compile]\n"
-    "\n"
-    "Fetches one cubin from kwarmd and writes it to FILE (atomically).  A key\n"
-    "given by family, fields and arch is compiled on a miss unless\n"
-    "--no-compile; a digest is only looked up.  Exit 1 when it is not there.\n"
-    "\n";
-
-static const char stats_usage[] =
-    "usage: kwarm stats [--socket PATH] [--json | --prometheus]\n"
-    "\n"
-    "Prints kwarmd's cache statistics (entries, bytes, max_size, hits, misses,\n"
-    "compiles, compile_failures, evictions, corrupt) and its own counters.\n"
-    "\n"
-    "  --json                     one JSON object with those fields\n"
-    "  --prometheus               the text kwarmd --metrics-listen serves\n";
-
-static const char help_tail[] = "  -h, --help                 this text\n";
+static const kw__cli_cmd ping_cmd = {
+    .name = "ping",
+    .usage = "usage: kwarm ping [--socket PATH]\n"
+             "\n"
+             "Asks kwarmd for its version; exit 1 when it cannot be reached.\n"
+             "\n",
+    KW__CLI_ROWS(ping_rows),
+};
 
 /* ---- shared ------------------------------------------------------------- */
-
-static bool is_help(const char *arg)
-{
-    return strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0;
-}
-
-int kw__cli_print_usage(const char *usage, bool model)
-{
-    printf("%s%s%s%s", usage, kw__cli_socket_help, help_tail,
-           model ? "\n" : "");
-    if (model)
-        fputs(kw__cli_deploy_help, stdout);
-    return KW_CLI_OK;
-}
 
 /* The exit code of a failed request: 2 when the input was at fault (the
  * daemon refused the model, deployment, key or an ambiguous digest
@@ -126,43 +96,17 @@ int kw__cli_request_failed(const char *cmd, const kw_client *c, int rc)
     return exit_for(rc);
 }
 
-int kw__cli_socket_arg(const char *cmd, int argc, char **argv, int *i,
-                       const char **path)
-{
-    if (!kw__cli_is(argv[*i], "--socket"))
-        return 0;
-    if (*path != NULL) {
-        kw__cli_err(cmd, "--socket: given more than once");
-        return -KW_CLI_USAGE;
-    }
-    *path = kw__cli_value(cmd, argc, argv, i);
-    return *path != NULL ? 1 : -KW_CLI_USAGE;
-}
-
-/* Prints "unknown argument" for cmd, with the nearest flag of its help
- * (usage, and the --socket lines all three take); returns KW_CLI_USAGE. */
-static int unknown_arg(const char *cmd, const char *arg, const char *usage)
-{
-    return kw__cli_unknown(cmd, arg, usage, kw__cli_socket_help);
-}
-
 /* ---- ping ---------------------------------------------------------------- */
 
 int kw__cli_ping(int argc, char **argv)
 {
-    const char *path = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (is_help(argv[i]))
-            return kw__cli_print_usage(ping_usage, false);
-        int rc = kw__cli_socket_arg("ping", argc, argv, &i, &path);
-        if (rc < 0)
-            return -rc;
-        if (rc == 0)
-            return unknown_arg("ping", argv[i], ping_usage);
-    }
+    ping_opts o = {0};
+    int rc = kw__cli_getopt(&ping_cmd, argc, argv, &o, NULL, NULL, 0);
+    if (rc >= 0)
+        return rc;
     kw_client *c = NULL;
     char version[64];
-    int rc = connect_to("ping", path, &c);
+    rc = connect_to("ping", o.socket, &c);
     if (rc != KW_CLI_OK)
         return rc;
     if ((rc = kw_client_ping(c, version, sizeof version)) < 0)
@@ -220,28 +164,14 @@ static int print_reply(const char *json, const char *path, int form)
     return rc;
 }
 
-int kw__cli_stats_socket(int argc, char **argv)
+int kw__cli_stats_socket(const kw__cli_stats_opts *o)
 {
-    const char *path = NULL;
-    int form = 0; /* lines, 1 --json, 2 --prometheus */
-    for (int i = 1; i < argc; i++) {
-        if (is_help(argv[i]))
-            return kw__cli_print_usage(stats_usage, false);
-        if (strcmp(argv[i], "--json") == 0 || strcmp(argv[i], "--prometheus") == 0) {
-            int f = argv[i][2] == 'j' ? 1 : 2;
-            if (form != 0 && form != f) {
-                kw__cli_err("stats", "--json and --prometheus: give one (two "
-                            "forms of the same counters)");
-                return KW_CLI_USAGE;
-            }
-            form = f;
-            continue;
-        }
-        int rc = kw__cli_socket_arg("stats", argc, argv, &i, &path);
-        if (rc < 0)
-            return -rc;
-        if (rc == 0)
-            return unknown_arg("stats", argv[i], stats_usage);
+    const char *path = o->socket;
+    int form = o->prometheus ? 2 : o->json ? 1 : 0; /* 0: lines */
+    if (o->json && o->prometheus) {
+        kw__cli_err("stats", "--json and --prometheus: give one (two forms of "
+                    "the same counters)");
+        return KW_CLI_USAGE;
     }
     kw_client *c = NULL;
     char *reply = NULL;
@@ -365,14 +295,10 @@ static int get_fetch(const get_opts *o, const char *fields, kw_client *c,
     return rc < 0 ? kw__cli_request_failed("get", c, rc) : KW_CLI_OK;
 }
 
-int kw__cli_get_socket(int argc, char **argv)
+int kw__cli_get_socket(const get_opts *op)
 {
-    get_opts o;
-    if (kw__cli_wants_help(argc, argv))
-        return kw__cli_print_usage(get_usage, false);
-    int rc = kw__cli_get_parse(&o, argc, argv, "--socket");
-    if (rc >= 0)
-        return rc;
+    const get_opts o = *op;
+    int rc;
     size_t dl = o.digest ? strlen(o.digest) : 0;
     if (o.digest != NULL && (dl < 8 || dl > 64 ||
                              strspn(o.digest, "0123456789abcdefABCDEF") != dl)) {

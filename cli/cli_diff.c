@@ -6,6 +6,7 @@
  */
 #include "cli.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,23 +16,38 @@
 #include "kw_err.h"
 #include "kw_keys.h"
 
-static const char diff_usage[] =
-    "usage: kwarm diff --model A.json [DEPLOYMENT] --against B.json [DEPLOYMENT]\n"
-    "                  [--json]\n"
-    "\n"
-    "Compares the compile keys of A and B: per family, the keys only in A\n"
-    "(no longer needed) and only in B (new compiles), and the settings and\n"
-    "deployment values that differ. The DEPLOYMENT flags before --against\n"
-    "are A's and those after it B's; when none follow --against, B uses A's.\n"
-    "Exit 0 when the key sets are equal, 1 when they differ, 2 on bad input.\n"
-    "\n"
-    "  --against B.json           the config to compare with (then B's flags)\n"
-    "  --json                     {\"equal\", \"only_in_a\", \"only_in_b\",\n"
-    "                             \"common\", \"settings\", \"deployment\",\n"
-    "                             \"families\": [{\"family\", \"common\",\n"
-    "                             \"only_in_a\": [keys], \"only_in_b\": [keys]}]}\n"
-    "  -h, --help                 this text\n"
-    "\n";
+typedef struct diff_opts {
+    const char *against;
+    bool json;
+} diff_opts;
+
+static const kw_opt diff_rows[] = {
+    {.name = "against", .type = KW_OPT_TEXT, .arg = "B.json",
+     .off = offsetof(diff_opts, against), .size = sizeof(const char *),
+     .help = "the config to compare with (then B's flags)"},
+    {.name = "json", .type = KW_OPT_SWITCH, .off = offsetof(diff_opts, json),
+     .size = sizeof(bool),
+     .help = "{\"equal\", \"only_in_a\", \"only_in_b\",\n"
+             "\"common\", \"settings\", \"deployment\",\n"
+             "\"families\": [{\"family\", \"common\",\n"
+             "\"only_in_a\": [keys], \"only_in_b\": [keys]}]}"},
+};
+
+static const kw__cli_cmd diff_cmd = {
+    .name = "diff",
+    .usage =
+        "usage: kwarm diff --model A.json [DEPLOYMENT] --against B.json [DEPLOYMENT]\n"
+        "                  [--json]\n"
+        "\n"
+        "Compares the compile keys of A and B: per family, the keys only in A\n"
+        "(no longer needed) and only in B (new compiles), and the settings and\n"
+        "deployment values that differ. The DEPLOYMENT flags before --against\n"
+        "are A's and those after it B's; when none follow --against, B uses A's.\n"
+        "Exit 0 when the key sets are equal, 1 when they differ, 2 on bad input.\n"
+        "\n",
+    KW__CLI_ROWS(diff_rows),
+    .model = true,
+};
 
 /* One side: its flags, loaded model, keys and document. */
 typedef struct side {
@@ -51,62 +67,59 @@ static bool has_key(const kw_keys_set *s, const uint8_t *d)
     return false;
 }
 
+/* The index of the first --against of argv (argc when none): the flags
+ * before it are A's, those after it B's. */
+static int against_at(int argc, char **argv)
+{
+    int i = 1;
+    while (i < argc && strcmp(argv[i], "--against") != 0 &&
+           strncmp(argv[i], "--against=", 10) != 0)
+        i++;
+    return i;
+}
+
 /* Parses argv into a (before --against) and b (after); -1 to go on, else
- * an exit code. */
+ * an exit code.  Each part goes through diff's table on its own, so the
+ * deployment flags of each side are checked as every command's are. */
 static int parse(side *a, side *b, bool *json, int argc, char **argv)
 {
-    side *cur = a;
-    int against = -1; /* argv index of --against */
-    for (int i = 1; i < argc; i++) {
-        if (kw__cli_is(argv[i], "--against")) {
-            int at = i;
-            const char *v = kw__cli_value("diff", argc, argv, &i);
-            if (v == NULL || cur == b) {
-                if (v != NULL)
-                    kw__cli_err("diff", "--against: given more than once");
-                return KW_CLI_USAGE;
-            }
-            cur = b;
-            b->a.model = v;
-            against = at;
-            continue;
-        }
-        int rc = kw__cli_model_arg(&cur->a, "diff", argc, argv, &i);
-        if (rc < 0)
-            return -rc;
-        if (rc > 0)
-            continue;
-        if (strcmp(argv[i], "--json") == 0)
-            *json = true;
-        else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
-            printf("%s%s", diff_usage, kw__cli_deploy_help);
-            return KW_CLI_OK;
-        } else {
-            return kw__cli_unknown("diff", argv[i], diff_usage,
-                                   kw__cli_deploy_help);
-        }
-    }
-    if (against < 0) {
+    diff_opts o = {0};
+    int at = against_at(argc, argv), rc;
+    if ((rc = kw__cli_getopt(&diff_cmd, at, argv, &o, &a->a, NULL, 0)) >= 0)
+        return rc;
+    /* B's part, from --against on, with argv[0] in front */
+    char *part[KW_OPT_MAX * 2 + 2] = {argv[0]};
+    int nb = 1;
+    for (int i = at; i < argc && nb < (int)(sizeof part / sizeof *part) - 1; i++)
+        part[nb++] = argv[i];
+    if ((rc = kw__cli_getopt(&diff_cmd, nb, part, &o, &b->a, NULL, 0)) >= 0)
+        return rc;
+    *json = o.json;
+    if (o.against == NULL) {
         kw__cli_err("diff", "--against: required (see kwarm diff --help)");
         return KW_CLI_USAGE;
     }
+    if (b->a.model != NULL) {
+        kw__cli_err("diff", "--model: given after --against, which names B");
+        return KW_CLI_USAGE;
+    }
+    b->a.model = o.against;
     if (a->a.model && strcmp(a->a.model, "-") == 0 &&
         strcmp(b->a.model, "-") == 0) {
         kw__cli_err("diff", "--model - and --against -: standard input holds "
                     "one config; name a file for the other");
         return KW_CLI_USAGE;
     }
-    /* No deployment after --against: B takes A's flags. */
-    if (b->a.dep.given == 0 && b->a.deploy_file == NULL)
-        for (int i = 1; i < against; i++) {
-            if (kw__cli_is(argv[i], "--model")) {
-                i += strchr(argv[i], '=') == NULL; /* and its value */
-                continue;
-            }
-            if (strcmp(argv[i], "--json") != 0 &&
-                kw__cli_model_arg(&b->a, "diff", against, argv, &i) < 0)
-                return KW_CLI_USAGE;
-        }
+    /* No deployment after --against: B takes A's flags (its --model set
+     * aside: B's model is --against's). */
+    if (b->a.dep.given == 0 && b->a.deploy_file == NULL) {
+        diff_opts scratch = {0};
+        b->a.model = NULL;
+        rc = kw__cli_getopt(&diff_cmd, at, argv, &scratch, &b->a, NULL, 0);
+        b->a.model = o.against;
+        if (rc >= 0)
+            return rc;
+    }
     return -1;
 }
 

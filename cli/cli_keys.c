@@ -1,6 +1,7 @@
 /* cli_keys.c: `kwarm keys`, the compile keys of a model and deployment. */
 #include "cli.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,16 +9,27 @@
 #include "kw_err.h"
 #include "kw_keys.h"
 
-static const char keys_usage[] =
-    "usage: kwarm keys --model CONFIG.json [DEPLOYMENT] [--json]\n"
-    "\n"
-    "Prints the compile keys a sparse-MLA serving process needs for this model\n"
-    "and deployment (docs/spec/warmup-keys.md), with their digests.\n"
-    "\n"
-    "  --json                     one JSON document (docs/spec/warmup-keys.md\n"
-    "                             §6) instead of a table\n"
-    "  -h, --help                 this text\n"
-    "\n";
+typedef struct keys_opts {
+    bool json;
+} keys_opts;
+
+static const kw_opt keys_rows[] = {
+    {.name = "json", .type = KW_OPT_SWITCH, .off = offsetof(keys_opts, json),
+     .size = sizeof(bool),
+     .help = "one JSON document (docs/spec/warmup-keys.md\n"
+             "§6) instead of a table"},
+};
+
+static const kw__cli_cmd keys_cmd = {
+    .name = "keys",
+    .usage = "usage: kwarm keys --model CONFIG.json [DEPLOYMENT] [--json]\n"
+             "\n"
+             "Prints the compile keys a sparse-MLA serving process needs for this model\n"
+             "and deployment (docs/spec/warmup-keys.md), with their digests.\n"
+             "\n",
+    KW__CLI_ROWS(keys_rows),
+    .model = true,
+};
 
 /* Prints the settings block of the readable output. */
 static void print_summary(const kw__cli_model *a, const kw_keys_set *s)
@@ -98,36 +110,13 @@ static int print_json(const kw__cli_model *a, const kw_keys_set *s)
     return KW_CLI_OK;
 }
 
-/* Parses keys' arguments; returns -1 to go on, else an exit code. */
-static int parse(kw__cli_model *a, bool *json, int argc, char **argv)
-{
-    for (int i = 1; i < argc; i++) {
-        int rc = kw__cli_model_arg(a, "keys", argc, argv, &i);
-        if (rc != 0) {
-            if (rc < 0)
-                return -rc;
-            continue;
-        }
-        if (strcmp(argv[i], "--json") == 0)
-            *json = true;
-        else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
-            printf("%s%s", keys_usage, kw__cli_deploy_help);
-            return KW_CLI_OK;
-        } else {
-            return kw__cli_unknown("keys", argv[i], keys_usage,
-                                   kw__cli_deploy_help);
-        }
-    }
-    return -1;
-}
-
 int kw__cli_keys(int argc, char **argv)
 {
     kw__cli_model a;
     kw_keys_set set = {0};
-    bool json = false;
+    keys_opts o = {0};
     kw__cli_model_init(&a);
-    int rc = parse(&a, &json, argc, argv);
+    int rc = kw__cli_getopt(&keys_cmd, argc, argv, &o, &a, NULL, 0);
     if (rc < 0)
         rc = kw__cli_model_load(&a, "keys");
     else
@@ -136,7 +125,7 @@ int kw__cli_keys(int argc, char **argv)
         goto out;
     if ((rc = kw__cli_derive(&a, "keys", &set)) != KW_CLI_OK)
         goto out;
-    if (json)
+    if (o.json)
         rc = print_json(&a, &set);
     else {
         print_summary(&a, &set);

@@ -11,6 +11,7 @@
 #include "cli.h"
 
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,23 +96,37 @@ void kw__cli_print_ls(const cJSON *doc, bool json)
 
 /* ---- ls ------------------------------------------------------------------ */
 
-static const char ls_usage[] =
-    "usage: kwarm ls --cache DIR [--family F] [--pinned NAME] [--json]\n"
-    "\n"
-    "Lists the cache's entries: digest (16 of 64 hex digits), family, arch,\n"
-    "size, created, last used, hits, the pin sets holding it, and the key's\n"
-    "fields.  Works on a cache this user cannot write.  Last-used times and\n"
-    "hits are those last written to the cache.\n"
-    "\n"
-    "  --cache DIR                the cache directory\n"
-    "  --socket PATH              ask kwarmd instead (its cache)\n"
-    "  --family F                 only entries of family F\n"
-    "  --pinned NAME              only entries held by the pin set NAME\n"
-    "  --json                     {\"entries\": [{\"digest\", \"family\", \"arch\",\n"
-    "                             \"fields\", \"size\", \"created\", \"last_used\",\n"
-    "                             \"hits\", \"pinned\", \"pins\"}], \"count\",\n"
-    "                             \"bytes\"}; times in Unix seconds\n"
-    "  -h, --help                 this text\n";
+typedef struct ls_opts {
+    const char *dir, *sock;
+    filter f;
+    bool json;
+} ls_opts;
+
+static const kw_opt ls_rows[] = {
+    KW__CLI_TEXT(ls_opts, dir, "cache", "DIR", "the cache directory"),
+    KW__CLI_TEXT(ls_opts, sock, "socket", "PATH", "ask kwarmd instead (its cache)"),
+    KW__CLI_TEXT(ls_opts, f.family, "family", "F", "only entries of family F"),
+    KW__CLI_TEXT(ls_opts, f.pin_name, "pinned", "NAME",
+                 "only entries held by the pin set NAME"),
+    KW__CLI_SWITCH(ls_opts, json, "json",
+                   "{\"entries\": [{\"digest\", \"family\", \"arch\",\n"
+                   "\"fields\", \"size\", \"created\", \"last_used\",\n"
+                   "\"hits\", \"pinned\", \"pins\"}], \"count\",\n"
+                   "\"bytes\"}; times in Unix seconds"),
+};
+
+static const kw__cli_cmd ls_cmd = {
+    .name = "ls",
+    .usage =
+        "usage: kwarm ls --cache DIR [--family F] [--pinned NAME] [--json]\n"
+        "\n"
+        "Lists the cache's entries: digest (16 of 64 hex digits), family, arch,\n"
+        "size, created, last used, hits, the pin sets holding it, and the key's\n"
+        "fields.  Works on a cache this user cannot write.  Last-used times and\n"
+        "hits are those last written to the cache.\n"
+        "\n",
+    KW__CLI_ROWS(ls_rows),
+};
 
 /* True when the pins document (kwarm pins --json) names the set name. */
 static bool has_pin_set(const cJSON *pins, const char *name)
@@ -156,16 +171,13 @@ static int pin_set_check(kw_cache *c, const char *sock, const char *name,
 
 int kw__cli_ls(int argc, char **argv)
 {
-    const char *dir = NULL, *sock = NULL;
-    filter f = {0};
-    bool json = false;
-    const kw__cli_opt opts[] = {
-        {"--cache", &dir, NULL},         {"--socket", &sock, NULL},
-        {"--family", &f.family, NULL},   {"--pinned", &f.pin_name, NULL},
-        {"--json", NULL, &json}};
-    int rc = kw__cli_parse("ls", argc, argv, opts, 5, NULL, ls_usage);
+    ls_opts o = {0};
+    int rc = kw__cli_getopt(&ls_cmd, argc, argv, &o, NULL, NULL, 0);
     if (rc >= 0)
         return rc;
+    const char *dir = o.dir, *sock = o.sock;
+    filter f = o.f;
+    bool json = o.json;
     kw_k_family fam;
     if (f.family != NULL && kw_keys_family_from_name(f.family, &fam) < 0) {
         kw__cli_err("ls", "--family: '%.48s' is not a kernel family", f.family);
@@ -205,26 +217,6 @@ int kw__cli_ls(int argc, char **argv)
 
 /* ---- evict --------------------------------------------------------------- */
 
-static const char evict_usage[] =
-    "usage: kwarm evict --cache DIR (--digest HEX | --family F | --unpinned |\n"
-    "                   --older-than AGE)... [--force] [--json]\n"
-    "\n"
-    "Removes the entries that match every criterion given, and prints each.\n"
-    "When a matching entry is pinned (by kwarm prewarm --pin, or a pin set),\n"
-    "nothing is removed and the exit status is 1, unless --force.\n"
-    "\n"
-    "  --cache DIR                the cache directory\n"
-    "  --socket PATH              ask kwarmd instead (its cache)\n"
-    "  --digest HEX               one entry: 64 hex digits or a unique prefix\n"
-    "                             of at least 8 (ambiguous: exit 2)\n"
-    "  --family F                 entries of family F\n"
-    "  --unpinned                 entries no pin holds\n"
-    "  --older-than AGE           entries not used for AGE: a number with s, m,\n"
-    "                             h, d or w (7d); as of the last recorded use\n"
-    "  --force                    remove pinned entries too\n"
-    "  --json                     {\"removed\": [entries as kwarm ls --json],\n"
-    "                             \"count\", \"bytes\"}\n"
-    "  -h, --help                 this text\n";
 
 int64_t kw__cli_age(const char *s)
 {
@@ -278,15 +270,40 @@ typedef struct evict_opts {
     filter f;
 } evict_opts;
 
+static const kw_opt evict_rows[] = {
+    KW__CLI_TEXT(evict_opts, dir, "cache", "DIR", "the cache directory"),
+    KW__CLI_TEXT(evict_opts, sock, "socket", "PATH", "ask kwarmd instead (its cache)"),
+    KW__CLI_TEXT(evict_opts, digest, "digest", "HEX",
+                 "one entry: 64 hex digits or a unique prefix\n"
+                 "of at least 8 (ambiguous: exit 2)"),
+    KW__CLI_TEXT(evict_opts, f.family, "family", "F", "entries of family F"),
+    KW__CLI_SWITCH(evict_opts, f.unpinned, "unpinned", "entries no pin holds"),
+    KW__CLI_TEXT(evict_opts, age, "older-than", "AGE",
+                 "entries not used for AGE: a number with s, m,\n"
+                 "h, d or w (7d); as of the last recorded use"),
+    KW__CLI_SWITCH(evict_opts, force, "force", "remove pinned entries too"),
+    KW__CLI_SWITCH(evict_opts, json, "json",
+                   "{\"removed\": [entries as kwarm ls --json],\n"
+                   "\"count\", \"bytes\"}"),
+};
+
+static const kw__cli_cmd evict_cmd = {
+    .name = "evict",
+    .usage =
+        "usage: kwarm evict --cache DIR (--digest HEX | --family F | --unpinned |\n"
+        "                   --older-than AGE)... [--force] [--json]\n"
+        "\n"
+        "Removes the entries that match every criterion given, and prints each.\n"
+        "When a matching entry is pinned (by kwarm prewarm --pin, or a pin set),\n"
+        "nothing is removed and the exit status is 1, unless --force.\n"
+        "\n",
+    KW__CLI_ROWS(evict_rows),
+};
+
 /* Parses evict's arguments; -1 to go on, else an exit code. */
 static int evict_parse(evict_opts *o, int argc, char **argv)
 {
-    const kw__cli_opt opts[] = {
-        {"--cache", &o->dir, NULL},        {"--socket", &o->sock, NULL},
-        {"--digest", &o->digest, NULL},    {"--family", &o->f.family, NULL},
-        {"--older-than", &o->age, NULL},   {"--unpinned", NULL, &o->f.unpinned},
-        {"--force", NULL, &o->force},      {"--json", NULL, &o->json}};
-    int rc = kw__cli_parse("evict", argc, argv, opts, 8, NULL, evict_usage);
+    int rc = kw__cli_getopt(&evict_cmd, argc, argv, o, NULL, NULL, 0);
     if (rc >= 0)
         return rc;
     kw_k_family fam;

@@ -18,19 +18,41 @@
 #include "kw_client.h"
 #include "kw_err.h"
 
-static const char misses_usage[] =
-    "usage: kwarm misses [--since AGE] [--socket PATH] [--json]\n"
-    "\n"
-    "Lists the gets kwarmd could not answer from its cache (the last 10,000),\n"
-    "each with the nearest cached key of the same family and arch, the fields\n"
-    "that differ (requested and cached) and the pins that hold that key.\n"
-    "\n"
-    "  --since AGE                only the last AGE: 90s, 30m, 1h, 7d, 2w\n"
-    "  --socket PATH              kwarmd's socket ($KWARM_SOCKET, else\n"
-    "                             $XDG_RUNTIME_DIR/kwarm.sock, or\n"
-    "                             /run/kwarm/kwarm.sock for root)\n"
-    "  --json                     {\"count\", \"since\", \"misses\": [...]}\n"
-    "  -h, --help                 this text\n";
+typedef struct misses_opts {
+    const char *socket;
+    int64_t since; /* seconds; 0: every miss kept */
+    bool json;
+} misses_opts;
+
+/* --since AGE: an age such as 90s or 7d (cli_ls.c's kw__cli_age). */
+static int set_since(void *opts, const char *v)
+{
+    int64_t s = kw__cli_age(v);
+    if (s <= 0)
+        return KW_EINVAL;
+    ((misses_opts *)opts)->since = s;
+    return 0;
+}
+
+static const kw_opt misses_rows[] = {
+    {.name = "since", .type = KW_OPT_FUNC, .arg = "AGE", .set = set_since,
+     .what = "an age (90s, 30m, 1h, 7d, 2w)",
+     .help = "only the last AGE: 90s, 30m, 1h, 7d, 2w"},
+    KW__CLI_SOCKET_ROW(misses_opts, socket),
+    KW__CLI_SWITCH(misses_opts, json, "json",
+                   "{\"count\", \"since\", \"misses\": [...]}"),
+};
+
+static const kw__cli_cmd misses_cmd = {
+    .name = "misses",
+    .usage = "usage: kwarm misses [--since AGE] [--socket PATH] [--json]\n"
+             "\n"
+             "Lists the gets kwarmd could not answer from its cache (the last 10,000),\n"
+             "each with the nearest cached key of the same family and arch, the fields\n"
+             "that differ (requested and cached) and the pins that hold that key.\n"
+             "\n",
+    KW__CLI_ROWS(misses_rows),
+};
 
 /* One miss: when, who, what, and the nearest key's differences. */
 static void print_miss(const cJSON *m)
@@ -74,43 +96,15 @@ static void print_miss(const cJSON *m)
                cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(d, "cached")));
 }
 
-/* Parses the flags; -1 to go on, else an exit code. */
-static int parse(int argc, char **argv, const char **sock, int64_t *since,
-                 bool *json)
-{
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            printf("%s", misses_usage);
-            return KW_CLI_OK;
-        } else if (strcmp(a, "--json") == 0) {
-            *json = true;
-        } else if (kw__cli_is(a, "--socket")) {
-            if ((*sock = kw__cli_value("misses", argc, argv, &i)) == NULL)
-                return KW_CLI_USAGE;
-        } else if (kw__cli_is(a, "--since")) {
-            if ((v = kw__cli_value("misses", argc, argv, &i)) == NULL)
-                return KW_CLI_USAGE;
-            if ((*since = kw__cli_age(v)) <= 0) {
-                kw__cli_err("misses", "--since: '%.32s' is not an age (90s, 30m, "
-                            "1h, 7d, 2w)", v);
-                return KW_CLI_USAGE;
-            }
-        } else {
-            return kw__cli_unknown("misses", a, misses_usage, NULL);
-        }
-    }
-    return -1;
-}
-
 int kw__cli_misses(int argc, char **argv)
 {
-    const char *sock = NULL;
-    int64_t since = 0;
-    bool json = false;
-    int rc = parse(argc, argv, &sock, &since, &json);
+    misses_opts o = {0};
+    int rc = kw__cli_getopt(&misses_cmd, argc, argv, &o, NULL, NULL, 0);
     if (rc >= 0)
         return rc;
+    const char *sock = o.socket;
+    int64_t since = o.since;
+    bool json = o.json;
     kw_client *c = NULL;
     char err[512], *res = NULL;
     if (kw_client_connect(&c, sock, 10000, err, sizeof err) < 0) {

@@ -12,26 +12,6 @@
 #include "kw_err.h"
 #include "kw_parse.h"
 
-const char kw__cli_deploy_help[] =
-    "Model and deployment:\n"
-    "  --model FILE               the model's config.json (flat or composite);\n"
-    "                             - reads it from standard input\n"
-    "  --text-config POINTER      JSON pointer of the text config (default: search\n"
-    "                             thinker_config, llm_config, text_config, ...)\n"
-    "  --deploy FILE              deployment as JSON (snake_case names below);\n"
-    "                             not combined with the flags\n"
-    "  --dcp-world N              decode-context-parallel world size (1)\n"
-    "  --dcp-rank R|all           rank to warm, or every rank (all)\n"
-    "  --dcp-interleave I         DCP interleave; must divide block size (1)\n"
-    "  --pcp N                    prefill context parallel size (1)\n"
-    "  --max-num-batched-tokens N (8192)\n"
-    "  --max-num-seqs N           (256)\n"
-    "  --block-size N             KV block size (64, raised for compression)\n"
-    "  --max-model-len N          (max_position_embeddings)\n"
-    "  --block-stride-rows N      (block size)\n"
-    "  --num-speculative-tokens N decode queries per request - 1, 0..7 (0)\n"
-    "  --arch LIST                comma-separated, e.g. sm_90,sm_100 (sm_90)\n";
-
 void kw__cli_err(const char *cmd, const char *fmt, ...)
 {
     char msg[2048];
@@ -46,71 +26,10 @@ void kw__cli_err(const char *cmd, const char *fmt, ...)
     fprintf(stderr, "kwarm %s: %s\n", cmd, msg);
 }
 
-bool kw__cli_is(const char *arg, const char *name)
-{
-    size_t n = strlen(name);
-    return strncmp(arg, name, n) == 0 && (arg[n] == '\0' || arg[n] == '=');
-}
-
-const char *kw__cli_value(const char *cmd, int argc, char **argv, int *i)
-{
-    const char *eq = strchr(argv[*i], '=');
-    if (eq != NULL && strncmp(argv[*i], "--", 2) == 0)
-        return eq + 1;
-    if (*i + 1 >= argc) {
-        kw__cli_err(cmd, "%s: missing value", argv[*i]);
-        return NULL;
-    }
-    *i += 1;
-    return argv[*i];
-}
-
 void kw__cli_model_init(kw__cli_model *a)
 {
     memset(a, 0, sizeof *a);
     kw_config_deploy_init(&a->dep);
-}
-
-/* Copies the flag's name (up to '=') into buf for the field lookup. */
-static int flag_field(const char *arg)
-{
-    char name[64];
-    size_t n = strcspn(arg, "=");
-    if (n >= sizeof name)
-        return -1;
-    memcpy(name, arg, n);
-    name[n] = '\0';
-    return kw_config_flag_field(name);
-}
-
-int kw__cli_model_arg(kw__cli_model *a, const char *cmd, int argc, char **argv,
-                      int *i)
-{
-    const char *arg = argv[*i], *v;
-    const char **slot = kw__cli_is(arg, "--model")    ? &a->model
-                        : kw__cli_is(arg, "--deploy") ? &a->deploy_file
-                                                      : NULL;
-    int f = slot ? -1 : flag_field(arg);
-    if (slot == NULL && f < 0)
-        return 0;
-    if ((v = kw__cli_value(cmd, argc, argv, i)) == NULL)
-        return -KW_CLI_USAGE;
-    if (slot != NULL) {
-        if (*slot != NULL) {
-            kw__cli_err(cmd, "%.*s: given more than once",
-                        (int)strcspn(arg, "="), arg);
-            return -KW_CLI_USAGE;
-        }
-        *slot = v;
-        return 1;
-    }
-    char err[KW_CONFIG_ERRLEN];
-    if (kw_config_deploy_set_flag(&a->dep, (kw_config_field)f, v, err,
-                                  sizeof err) < 0) {
-        kw__cli_err(cmd, "%s", err);
-        return -KW_CLI_USAGE;
-    }
-    return 1;
 }
 
 /* The name of a config read from standard input, in messages. */
@@ -214,24 +133,3 @@ int kw__cli_derive(kw__cli_model *a, const char *cmd, kw_keys_set *set)
     return KW_CLI_OK;
 }
 
-int kw__cli_count(const char *cmd, int argc, char **argv, int *i,
-                  const char *what, unsigned max, unsigned *out)
-{
-    const char *flag = argv[*i], *v = kw__cli_value(cmd, argc, argv, i);
-    uint64_t x;
-    if (v == NULL)
-        return -1;
-    if (kw_parse_u64(v, max, &x) < 0 || x == 0) {
-        size_t n = strcspn(flag, "=");
-        kw__cli_err(cmd, "%.*s: '%.32s' is not %s in [1, %u]", (int)n, flag, v,
-                    what, max);
-        return -1;
-    }
-    *out = (unsigned)x;
-    return 0;
-}
-
-int kw__cli_jobs(const char *cmd, int argc, char **argv, int *i, unsigned *jobs)
-{
-    return kw__cli_count(cmd, argc, argv, i, "an integer", KW_CLI_MAX_JOBS, jobs);
-}

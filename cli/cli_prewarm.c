@@ -13,6 +13,7 @@
 #include "cli.h"
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,43 +24,65 @@
 #include "kw_parse.h"
 #include "kw_warm.h"
 
-static const char prewarm_usage[] =
-    "usage: kwarm prewarm --model CONFIG.json [DEPLOYMENT] --cache DIR\n"
-    "                     [--jobs N] [--pin NAME] [--max-size SIZE] [--json]\n"
-    "                     [--quiet] [--compile-timeout S] [--compile-memory SIZE]\n"
-    "                     [--remote redis://HOST:PORT[/DB] --remote-key-file F]\n"
-    "\n"
-    "Compiles every missing key of the model and deployment into the cache\n"
-    "directory DIR (LMDB, created if missing), in N worker processes. Keys\n"
-    "already cached are verified (checksum) and counted as hits; a second\n"
-    "prewarm of the same deployment compiles nothing. Exit 1 when a key\n"
-    "failed or the deployment does not fit in the cache.\n"
-    "\n"
-    "  --cache DIR                the cache directory (local disk, not NFS)\n"
-    "  --jobs N                   compile worker processes (default: the cores)\n"
-    "  --pin NAME                 record the deployment's keys as the pin set\n"
-    "                             NAME: never evicted until kwarm unpin NAME\n"
-    "  --max-size SIZE            size limit of a cache created now: bytes, or\n"
-    "                             with K/M/G (default 1G)\n"
-    "  --json                     {\"keys\", \"hits\", \"remote_hits\",\n"
-    "                             \"compiled\", \"failed\", \"cancelled\",\n"
-    "                             \"seconds\"} instead of the summary\n"
-    "  --quiet                    no progress on stderr\n"
-    "  --compile-timeout S        a compile running longer fails (120)\n"
-    "  --compile-memory SIZE      address space of a compile worker, at least\n"
-    "                             64M; past it the compile fails (4G)\n"
-    "  --remote URL               fleet tier: fetch keys other nodes compiled,\n"
-    "                             write back what this prewarm compiles\n"
-    "  --remote-key-file F        the fleet's HMAC key file (with --remote)\n"
-    "  -h, --help                 this text\n"
-    "\n";
-
 typedef struct prewarm_opts {
     const char *cache, *pin, *remote, *remote_key;
     unsigned jobs, timeout_s;
     uint64_t max_size, mem_limit; /* 0: the defaults */
     bool json, quiet;
 } prewarm_opts;
+
+#define PO(field) .off = offsetof(prewarm_opts, field), \
+                  .size = sizeof(((prewarm_opts *)0)->field)
+
+static const kw_opt prewarm_rows[] = {
+    KW__CLI_TEXT(prewarm_opts, cache, "cache", "DIR",
+                 "the cache directory (local disk, not NFS)"),
+    KW__CLI_JOBS(prewarm_opts, jobs,
+                 "compile worker processes (default: the cores)"),
+    KW__CLI_TEXT(prewarm_opts, pin, "pin", "NAME",
+                 "record the deployment's keys as the pin set\n"
+                 "NAME: never evicted until kwarm unpin NAME"),
+    {.name = "max-size", .type = KW_OPT_SIZE, .arg = "SIZE",
+     .min = KW_CACHE_MIN_SIZE, PO(max_size),
+     .help = "size limit of a cache created now: bytes, or\n"
+             "with K/M/G (default 1G)"},
+    KW__CLI_SWITCH(prewarm_opts, json, "json",
+                   "{\"keys\", \"hits\", \"remote_hits\",\n"
+                   "\"compiled\", \"failed\", \"cancelled\",\n"
+                   "\"seconds\"} instead of the summary"),
+    KW__CLI_SWITCH(prewarm_opts, quiet, "quiet", "no progress on stderr"),
+    {.name = "compile-timeout", .type = KW_OPT_UINT, .arg = "S",
+     .unit = "seconds", .min = 1, .max = 86400, PO(timeout_s),
+     .help = "a compile running longer fails (120)"},
+    {.name = "compile-memory", .type = KW_OPT_SIZE, .arg = "SIZE",
+     .min = UINT64_C(64) << 20, PO(mem_limit), /* kwarmd's bound */
+     .help = "address space of a compile worker, at least\n"
+             "64M; past it the compile fails (4G)"},
+    KW__CLI_TEXT(prewarm_opts, remote, "remote", "URL",
+                 "fleet tier: fetch keys other nodes compiled,\n"
+                 "write back what this prewarm compiles"),
+    KW__CLI_TEXT(prewarm_opts, remote_key, "remote-key-file", "F",
+                 "the fleet's HMAC key file (with --remote)"),
+};
+#undef PO
+
+static const kw__cli_cmd prewarm_cmd = {
+    .name = "prewarm",
+    .usage =
+        "usage: kwarm prewarm --model CONFIG.json [DEPLOYMENT] --cache DIR\n"
+        "                     [--jobs N] [--pin NAME] [--max-size SIZE] [--json]\n"
+        "                     [--quiet] [--compile-timeout S] [--compile-memory SIZE]\n"
+        "                     [--remote redis://HOST:PORT[/DB] --remote-key-file F]\n"
+        "\n"
+        "Compiles every missing key of the model and deployment into the cache\n"
+        "directory DIR (LMDB, created if missing), in N worker processes. Keys\n"
+        "already cached are verified (checksum) and counted as hits; a second\n"
+        "prewarm of the same deployment compiles nothing. Exit 1 when a key\n"
+        "failed or the deployment does not fit in the cache.\n"
+        "\n",
+    KW__CLI_ROWS(prewarm_rows),
+    .model = true,
+};
 
 #define KW_CLI_MAX_FAILS 5 /* failures printed in full */
 
@@ -251,81 +274,12 @@ static int prewarm_keys(const kw_keys_set *set, const prewarm_opts *o)
     return rc;
 }
 
-/* Reads the value of a flag into *dst; false after printing the error. */
-static bool take(const char **dst, int argc, char **argv, int *i)
-{
-    return (*dst = kw__cli_value("prewarm", argc, argv, i)) != NULL;
-}
-
-/* Parses --max-size, --compile-memory and --compile-timeout; -1 to go
- * on, else exit code.  --compile-memory has kwarmd's bound (64M). */
-static int parse_number(prewarm_opts *o, const char *arg, const char *v)
-{
-    uint64_t n;
-    if (kw__cli_is(arg, "--compile-memory")) {
-        if (kw_parse_size(v, &o->mem_limit) == 0 &&
-            o->mem_limit >= (UINT64_C(64) << 20))
-            return -1;
-        kw__cli_err("prewarm", "--compile-memory: '%.32s' is not a size of at "
-                    "least 64M (bytes, or with K, M, G)", v);
-        return KW_CLI_USAGE;
-    }
-    if (kw__cli_is(arg, "--max-size")) {
-        if (kw_parse_size(v, &o->max_size) == 0 &&
-            o->max_size >= KW_CACHE_MIN_SIZE)
-            return -1;
-        kw__cli_err("prewarm", "--max-size: '%.32s' is not a size of at least "
-                    "1M (bytes, or with K, M, G)", v);
-        return KW_CLI_USAGE;
-    }
-    if (kw_parse_u64(v, 86400, &n) == 0 && n > 0) {
-        o->timeout_s = (unsigned)n;
-        return -1;
-    }
-    kw__cli_err("prewarm", "--compile-timeout: '%.32s' is not seconds in "
-                "[1, 86400]", v);
-    return KW_CLI_USAGE;
-}
-
-/* Parses one of prewarm's own flags at argv[*i]; -1 to go on, else an
- * exit code. */
-static int parse_one(prewarm_opts *o, int argc, char **argv, int *i)
-{
-    const char *arg = argv[*i], *v;
-    if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
-        printf("%s%s", prewarm_usage, kw__cli_deploy_help);
-        return KW_CLI_OK;
-    }
-    if (strcmp(arg, "--json") == 0 || strcmp(arg, "--quiet") == 0) {
-        *(arg[2] == 'j' ? &o->json : &o->quiet) = true;
-        return -1;
-    }
-    if (kw__cli_is(arg, "--jobs"))
-        return kw__cli_jobs("prewarm", argc, argv, i, &o->jobs) < 0
-                   ? KW_CLI_USAGE : -1;
-    const char **str = kw__cli_is(arg, "--cache")             ? &o->cache
-                       : kw__cli_is(arg, "--pin")             ? &o->pin
-                       : kw__cli_is(arg, "--remote")          ? &o->remote
-                       : kw__cli_is(arg, "--remote-key-file") ? &o->remote_key
-                                                              : NULL;
-    if (str != NULL)
-        return take(str, argc, argv, i) ? -1 : KW_CLI_USAGE;
-    if (kw__cli_is(arg, "--max-size") || kw__cli_is(arg, "--compile-timeout") ||
-        kw__cli_is(arg, "--compile-memory"))
-        return take(&v, argc, argv, i) ? parse_number(o, arg, v) : KW_CLI_USAGE;
-    return kw__cli_unknown("prewarm", arg, prewarm_usage, kw__cli_deploy_help);
-}
-
 /* Parses prewarm's flags; returns -1 to go on, else an exit code. */
 static int parse(kw__cli_model *a, prewarm_opts *o, int argc, char **argv)
 {
-    for (int i = 1; i < argc; i++) {
-        int rc = kw__cli_model_arg(a, "prewarm", argc, argv, &i);
-        if (rc < 0)
-            return -rc;
-        if (rc == 0 && (rc = parse_one(o, argc, argv, &i)) >= 0)
-            return rc;
-    }
+    int rc = kw__cli_getopt(&prewarm_cmd, argc, argv, o, a, NULL, 0);
+    if (rc >= 0)
+        return rc;
     if (o->cache == NULL) {
         kw__cli_err("prewarm", "--cache: required (see kwarm prewarm --help)");
         return KW_CLI_USAGE;

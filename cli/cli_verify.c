@@ -8,6 +8,7 @@
  */
 #include "cli.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,22 +17,6 @@
 #include "cuda_dev.h" /* kw_cuda, kw_cuda_dev_ops */
 #include "kw_err.h"
 #include "kw_parse.h"
-
-static const char verify_usage[] =
-    "usage: kwarm verify --model CONFIG.json [DEPLOYMENT] [--jobs N] [--seed S]\n"
-    "       kwarm verify --cache DIR [--seed S]\n"
-    "\n"
-    "On a GPU: compiles every key of the model and deployment, loads each\n"
-    "cubin, runs it on random inputs of several shapes and compares every\n"
-    "output element with the kernel's CPU reference. Prints a table per\n"
-    "family; exits 1 on any mismatch, compile failure, or when no GPU is found.\n"
-    "Keys for another architecture than the GPU's are counted as skipped.\n"
-    "With --cache, runs every entry of the cache directory instead.\n"
-    "\n"
-    "  --jobs N                   compile threads (default: the cores)\n"
-    "  --seed S                   seed of the random inputs (default 1)\n"
-    "  -h, --help                 this text\n"
-    "\n";
 
 #define NCASES 3 /* shapes run per key */
 
@@ -46,6 +31,33 @@ typedef struct verify_opts {
     uint64_t seed;
     const char *cache; /* --cache: verify the cached entries instead */
 } verify_opts;
+
+static const kw_opt verify_rows[] = {
+    KW__CLI_JOBS(verify_opts, jobs, "compile threads (default: the cores)"),
+    {.name = "seed", .type = KW_OPT_UINT, .arg = "S", .max = UINT64_MAX,
+     .off = offsetof(verify_opts, seed), .size = sizeof(uint64_t),
+     .help = "seed of the random inputs (default 1)"},
+    KW__CLI_TEXT(verify_opts, cache, "cache", "DIR",
+                 "run every entry of this cache directory instead\n"
+                 "of a model's keys"),
+};
+
+static const kw__cli_cmd verify_cmd = {
+    .name = "verify",
+    .usage =
+        "usage: kwarm verify --model CONFIG.json [DEPLOYMENT] [--jobs N] [--seed S]\n"
+        "       kwarm verify --cache DIR [--seed S]\n"
+        "\n"
+        "On a GPU: compiles every key of the model and deployment, loads each\n"
+        "cubin, runs it on random inputs of several shapes and compares every\n"
+        "output element with the kernel's CPU reference. Prints a table per\n"
+        "family; exits 1 on any mismatch, compile failure, or when no GPU is found.\n"
+        "Keys for another architecture than the GPU's are counted as skipped.\n"
+        "With --cache, runs every entry of the cache directory instead.\n"
+        "\n",
+    KW__CLI_ROWS(verify_rows),
+    .model = true,
+};
 
 /* The i-th shape run for a key: the edge preset, the medium preset, and a
  * medium shape cut to about a third so sizes differ between cases. */
@@ -223,42 +235,6 @@ out:
     return bad == 0 ? KW_CLI_OK : KW_CLI_RUNTIME;
 }
 
-/* Parses verify's own flags; returns -1 to go on, else an exit code. */
-static int parse(kw__cli_model *a, verify_opts *o, int argc, char **argv)
-{
-    for (int i = 1; i < argc; i++) {
-        int rc = kw__cli_model_arg(a, "verify", argc, argv, &i);
-        if (rc != 0) {
-            if (rc < 0)
-                return -rc;
-            continue;
-        }
-        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
-            printf("%s%s", verify_usage, kw__cli_deploy_help);
-            return KW_CLI_OK;
-        }
-        if (kw__cli_is(argv[i], "--jobs")) {
-            if (kw__cli_jobs("verify", argc, argv, &i, &o->jobs) < 0)
-                return KW_CLI_USAGE;
-        } else if (kw__cli_is(argv[i], "--seed")) {
-            const char *v = kw__cli_value("verify", argc, argv, &i);
-            if (v == NULL || kw_parse_u64(v, UINT64_MAX, &o->seed) < 0) {
-                if (v != NULL)
-                    kw__cli_err("verify", "--seed: '%.32s' is not an integer "
-                                "in [0, 2^64-1]", v);
-                return KW_CLI_USAGE;
-            }
-        } else if (kw__cli_is(argv[i], "--cache")) {
-            if ((o->cache = kw__cli_value("verify", argc, argv, &i)) == NULL)
-                return KW_CLI_USAGE;
-        } else {
-            return kw__cli_unknown("verify", argv[i], verify_usage,
-                                   kw__cli_deploy_help);
-        }
-    }
-    return -1;
-}
-
 /* Collects the cache's entries (digest, metadata) for verify_cache(). */
 typedef struct entry_list {
     kw_keys_key *keys;
@@ -361,7 +337,7 @@ int kw__cli_verify(int argc, char **argv)
     verify_opts o = {kw__cli_default_jobs(), 1, NULL};
     int major = 0, minor = 0;
     kw__cli_model_init(&a);
-    int rc = parse(&a, &o, argc, argv);
+    int rc = kw__cli_getopt(&verify_cmd, argc, argv, &o, &a, NULL, 0);
     if (rc >= 0)
         goto out;
     if (o.cache != NULL && a.model != NULL) {

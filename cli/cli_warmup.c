@@ -4,6 +4,7 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,35 +21,53 @@
 #define CLI_WAIT_S 60
 #define CLI_WAIT_MAX_S 86400
 
-static const char warmup_usage[] =
-    "usage: kwarm warmup --model CONFIG.json [DEPLOYMENT] [--socket PATH] "
-    "[--json]\n"
-    "                    [--quiet] [--pin NAME] [--wait-timeout S]\n"
-    "\n"
-    "Asks a running kwarmd to compile every key of this model and deployment\n"
-    "that its cache lacks, showing progress and each failed key's NVRTC log;\n"
-    "exit 1 when a key failed, kwarmd stopped before the end, or it sent\n"
-    "nothing for --wait-timeout.\n"
-    "\n"
-    "  --json                     one document: keys, hits, remote_hits,\n"
-    "                             compiled, failed, cancelled, seconds and\n"
-    "                             the manifest (every key's result)\n"
-    "  --quiet                    no progress on stderr\n"
-    "  --pin NAME                 once every key is cached, keep the\n"
-    "                             deployment's entries as the pin set NAME\n"
-    "                             (never evicted until kwarm unpin NAME)\n"
-    "  --wait-timeout S           give up when kwarmd sends nothing for S\n"
-    "                             seconds, in [1, 86400] (60); it sends a\n"
-    "                             frame at least every 2 s while it works\n";
-
 /* ---- warmup -------------------------------------------------------------- */
 
 typedef struct warm_opts {
     kw__cli_model a;
     const char *socket, *pin;
-    bool json, quiet;
+    bool json, quiet, detach;
     unsigned wait_s; /* --wait-timeout */
 } warm_opts;
+
+static const kw_opt warmup_rows[] = {
+    KW__CLI_SWITCH(warm_opts, json, "json",
+                   "one document: keys, hits, remote_hits,\n"
+                   "compiled, failed, cancelled, seconds and\n"
+                   "the manifest (every key's result)"),
+    KW__CLI_SWITCH(warm_opts, quiet, "quiet", "no progress on stderr"),
+    KW__CLI_TEXT(warm_opts, pin, "pin", "NAME",
+                 "once every key is cached, keep the\n"
+                 "deployment's entries as the pin set NAME\n"
+                 "(never evicted until kwarm unpin NAME)"),
+    {.name = "wait-timeout", .type = KW_OPT_UINT, .arg = "S",
+     .unit = "a number of seconds", .min = 1, .max = CLI_WAIT_MAX_S,
+     .off = offsetof(warm_opts, wait_s), .size = sizeof(unsigned),
+     .help = "give up when kwarmd sends nothing for S\n"
+             "seconds (60); it sends a frame at least\n"
+             "every 2 s while it works"},
+    KW__CLI_SWITCH(warm_opts, detach, "detach",
+                   "return once kwarmd has accepted the warmup:\n"
+                   "it goes on compiling after this client leaves\n"
+                   "(kwarm stats and kwarmd's log tell the outcome);\n"
+                   "without it, a client that leaves cancels them"),
+    KW__CLI_SOCKET_ROW(warm_opts, socket),
+};
+
+static const kw__cli_cmd warmup_cmd = {
+    .name = "warmup",
+    .usage = "usage: kwarm warmup --model CONFIG.json [DEPLOYMENT] [--socket PATH] "
+             "[--json]\n"
+             "                    [--quiet] [--pin NAME] [--wait-timeout S] [--detach]\n"
+             "\n"
+             "Asks a running kwarmd to compile every key of this model and deployment\n"
+             "that its cache lacks, showing progress and each failed key's NVRTC log;\n"
+             "exit 1 when a key failed, kwarmd stopped before the end, or it sent\n"
+             "nothing for --wait-timeout.\n"
+             "\n",
+    KW__CLI_ROWS(warmup_rows),
+    .model = true,
+};
 
 /* The deployment kwarmd should use: every field the flags or --deploy
  * gave (their values survive kw_config_resolve()), as a --deploy file
@@ -219,6 +238,31 @@ static int print_result(const char *json, const warm_opts *o, const char *path,
                                                                  : KW_CLI_OK;
 }
 
+/* --detach: the warmup is handed to kwarmd; prints what it accepted
+ * (--json: its first frame as is). */
+static int detach_run(kw_client *c, const warm_opts *o, const char *config,
+                      const char *dep, const char *name)
+{
+    char *first = NULL;
+    int rc = kw_client_warmup_detached(c, config, dep, name, o->pin, &first);
+    if (rc < 0)
+        return kw__cli_request_failed("warmup", c, rc);
+    cJSON *doc = cJSON_Parse(first);
+    const cJSON *total = cJSON_GetObjectItemCaseSensitive(doc, "total");
+    if (total == NULL) /* a RESULT: it ended at once */
+        total = cJSON_GetObjectItemCaseSensitive(doc, "keys");
+    if (o->json)
+        printf("%s\n", first);
+    else
+        printf("warmup: detached: kwarmd at %s is warming %.0f keys%s%s; kwarm "
+               "stats and its log tell the outcome\n", kw_client_path(c),
+               cJSON_GetNumberValue(total) > 0 ? cJSON_GetNumberValue(total) : 0,
+               o->pin ? ", then pins them as " : "", o->pin ? o->pin : "");
+    cJSON_Delete(doc);
+    free(first);
+    return KW_CLI_OK;
+}
+
 /* Sends the warmup of the loaded model in o; prints its outcome. */
 static int warmup_run(warm_opts *o, const char *config, const char *dep)
 {
@@ -231,6 +275,11 @@ static int warmup_run(warm_opts *o, const char *config, const char *dep)
         return rc;
     kw_client_set_timeout(c, (int)(o->wait_s * 1000));
     const char *name = o->a.text ? "stdin" : o->a.model;
+    if (o->detach) {
+        rc = detach_run(c, o, config, dep, name);
+        kw_client_close(c);
+        return rc;
+    }
     rc = o->pin ? kw_client_warmup_pin(c, config, dep, name, o->pin,
                                        on_progress, &v, &result)
                 : kw_client_warmup(c, config, dep, name, on_progress, &v,
@@ -251,32 +300,9 @@ static int warmup_run(warm_opts *o, const char *config, const char *dep)
 /* Parses warmup's arguments; returns -1 to go on, else an exit code. */
 static int warmup_parse(warm_opts *o, int argc, char **argv)
 {
-    for (int i = 1; i < argc; i++) {
-        int rc = kw__cli_model_arg(&o->a, "warmup", argc, argv, &i);
-        if (rc == 0)
-            rc = kw__cli_socket_arg("warmup", argc, argv, &i, &o->socket);
-        if (rc < 0)
-            return -rc;
-        if (rc > 0)
-            continue;
-        if (strcmp(argv[i], "--json") == 0)
-            o->json = true;
-        else if (strcmp(argv[i], "--quiet") == 0)
-            o->quiet = true;
-        else if (kw__cli_is(argv[i], "--pin")) {
-            if ((o->pin = kw__cli_value("warmup", argc, argv, &i)) == NULL)
-                return KW_CLI_USAGE;
-        } else if (kw__cli_is(argv[i], "--wait-timeout")) {
-            if (kw__cli_count("warmup", argc, argv, &i, "a number of seconds",
-                              CLI_WAIT_MAX_S, &o->wait_s) < 0)
-                return KW_CLI_USAGE;
-        }
-        else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0)
-            return kw__cli_print_usage(warmup_usage, true);
-        else
-            return kw__cli_unknown("warmup", argv[i], warmup_usage,
-                                   kw__cli_deploy_help);
-    }
+    int rc = kw__cli_getopt(&warmup_cmd, argc, argv, o, &o->a, NULL, 0);
+    if (rc >= 0)
+        return rc;
     return kw__cli_pin_check("warmup", o->pin); /* before kwarmd works */
 }
 

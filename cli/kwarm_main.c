@@ -83,7 +83,7 @@ static int unknown_command(const char *arg)
     const char *names[NCOMMANDS];
     for (size_t i = 0; i < NCOMMANDS; i++)
         names[i] = commands[i].name;
-    const char *near = kw__cli_nearest(name, names, NCOMMANDS);
+    const char *near = kw_opt_nearest(name, names, NCOMMANDS);
     if (near != NULL)
         fprintf(stderr, "kwarm: unknown command '%s'; did you mean '%s'? (see "
                 "kwarm --help)\n", name, near);

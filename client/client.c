@@ -269,7 +269,8 @@ int kw__client_request(kw_client *c, uint16_t type, const cJSON *hdr,
             if ((rc = take_progress(reply, st)) < 0)
                 rc = kw__client_broken(c, rc, "%s: progress frame: %s", name,
                             kw_strerror(rc));
-        } else if (reply->type != want) {
+        } else if (reply->type != want &&
+                   !(want == KW_PROTO_PROGRESS && reply->type == KW_PROTO_RESULT)) {
             rc = kw__client_broken(c, KW_EPROTO, "kwarmd answered %s to %s",
                         kw_proto_type_name(reply->type), name);
         } else {

@@ -211,6 +211,31 @@ int kw_client_warmup_pin(kw_client *c, const char *config_json,
                          name, pin, &st, result_json);
 }
 
+int kw_client_warmup_detached(kw_client *c, const char *config_json,
+                              const char *deployment_json, const char *name,
+                              const char *pin, char **accepted_json)
+{
+    if (c == NULL || accepted_json == NULL)
+        return c ? kw__client_fail(c, KW_EINVAL, "NULL reply pointer") : KW_EINVAL;
+    cJSON *h = NULL;
+    kw_msg m = {0};
+    int rc = model_header(c, config_json, deployment_json, name, &h);
+    if (rc == 0 && ((pin != NULL && cJSON_AddStringToObject(h, "pin", pin) == NULL) ||
+                    cJSON_AddBoolToObject(h, "detach", 1) == NULL))
+        rc = kw__client_fail(c, KW_ENOMEM, "%s", kw_strerror(KW_ENOMEM));
+    /* want PROGRESS: the first frame is the answer (or a RESULT) */
+    if (rc == 0)
+        rc = kw__client_request(c, KW_PROTO_WARMUP, h, KW_PROTO_PROGRESS, NULL, &m);
+    cJSON_Delete(h);
+    if (rc == 0)
+        rc = take_json(c, &m, accepted_json);
+    kw_msg_destroy(&m);
+    if (rc == 0) /* the stream goes on: no later request could read its own */
+        kw__client_broken(c, 0, "warmup: detached; the connection was closed "
+                          "(kwarmd goes on warming)");
+    return rc;
+}
+
 int kw_client_admin(kw_client *c, const char *what, const char *header_json,
                     char **reply_json)
 {

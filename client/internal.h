@@ -42,7 +42,8 @@ kw__client_broken(kw_client *c, int rc, const char *fmt, ...);
 
 /* Sends a request of type with header hdr (NULL: {}) and reads up to its
  * final reply, which must be of type want; PROGRESS frames (keys and
- * warmup only: st not NULL) are gathered into st.  Returns 0 with *reply
+ * warmup only: st not NULL) are gathered into st.  want PROGRESS (st
+ * NULL) takes the first PROGRESS or RESULT as the reply.  Returns 0 with *reply
  * set (kw_msg_destroy() it), the daemon's ERROR as a code, or a failure. */
 int kw__client_request(kw_client *c, uint16_t type, const cJSON *hdr,
                        uint16_t want, stream *st, kw_msg *reply);

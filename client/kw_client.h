@@ -136,6 +136,20 @@ int kw_client_warmup_pin(kw_client *c, const char *config_json,
                          const char *pin, kw_client_progress_fn cb, void *arg,
                          char **result_json);
 
+/* Starts a warmup that kwarmd finishes whatever this client does
+ * ("detach": true in the request): kwarmd checks the model, deployment
+ * and pin (pin may be NULL; as kw_client_warmup_pin()) and starts
+ * compiling; the call returns at its first frame, with *accepted_json a
+ * new string (free() it): that PROGRESS header ({"done", "total",
+ * "results"}), or the RESULT when the warmup ended at once.  The
+ * connection is then closed, leaving the rest of the stream to kwarmd
+ * (kw_client_last_error() says so; connect again for more requests): its
+ * cache, stats and log tell the outcome.  Bad input fails as
+ * kw_client_warmup() does, with nothing started. */
+int kw_client_warmup_detached(kw_client *c, const char *config_json,
+                              const char *deployment_json, const char *name,
+                              const char *pin, char **accepted_json);
+
 /* One kernel fetched from the daemon.  Initialise to {0}; the cubin is
  * owned by the struct: kw_client_kernel_destroy() frees it. */
 typedef struct kw_client_kernel {

@@ -57,6 +57,8 @@ typedef struct kw__stream {
     bool lost;            /* a frame could not be posted: the final frame
                              is an ERROR that says so */
     kw_warm_job *job;     /* warmup: its warm job (released by the loop) */
+    bool detached;        /* warmup "detach": an abort leaves job running
+                             (resumed if paused); set before job */
     bool parked;          /* owner's producer yielded on a full budget and
                              left its job thread: the loop queues it
                              again once the socket drained */

@@ -1,16 +1,21 @@
 /* main.c: kwarmd's command line and --config file.
  *
- * Options come from one table (redis' createIntConfig manner): defaults
- * from kw_daemon_opts_init(), then the --config file, then the flags, each
- * checked by the same setter.  A bad option is fatal, printed with the
- * file or flag at fault; exit 2 for bad input, 1 when serving fails.
+ * Options come from one table (common/kw_opt.h, in redis' createIntConfig
+ * manner): defaults from kw_daemon_opts_init(), then the --config file,
+ * then the flags (getopt_long), each checked by the same row, whose bounds
+ * word every message; --help, and from it the man page, are printed from
+ * the table too.  A bad option is fatal, printed with the file or flag at
+ * fault; exit 2 for bad input, 1 when serving fails.
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <stddef.h>
 #include <grp.h>
 #include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -21,141 +26,30 @@
 #include "kw_parse.h"
 #include "kw_json.h"
 #include "kw_keys.h"
+#include "kw_opt.h"
 #include "kw_proto.h"
 #include "kw_remote.h"
 #include "log.h"
 
-static const char usage[] =
-    "usage: kwarmd [--socket PATH] [--cache DIR] [--jobs N] [--max-size SIZE]\n"
-    "              [--loops N]\n"
-    "              [--compile-timeout S] [--compile-memory SIZE]\n"
-    "              [--compile-helper PATH]\n"
-    "              [--max-output SIZE] [--max-connections N] [--deny-root]\n"
-    "              [--max-keys-in-flight N]\n"
-    "              [--log-level error|warn|info|debug] [--read-only]\n"
-    "              [--allow-uid UID]... [--allow-gid GID]... [--idle-timeout MS]\n"
-    "              [--socket-mode MODE]\n"
-    "              [--max-held-reads N] [--held-read-timeout MS]\n"
-    "              [--remote redis://HOST:PORT[/DB] --remote-key-file F]\n"
-    "              [--remote-timeout MS] [--remote-lease MS]\n"
-    "              [--metrics-listen HOST:PORT] [--config FILE]\n"
+/* The text of --help around the option lines the table prints. */
+static const char usage_head[] =
+    "usage: kwarmd [OPTION]...\n"
     "\n"
     "The kwarm compile-cache daemon: serves compiled kernels to serving\n"
     "processes over a Unix socket (or the one systemd passes), compiling\n"
     "missing ones with NVRTC in --jobs worker processes into an LMDB cache.\n"
-    "\n"
-    "  --socket PATH       (/run/kwarm/kwarm.sock; $XDG_RUNTIME_DIR/kwarm.sock\n"
-    "                      for a non-root user); created mode 0660\n"
-    "  --cache DIR         LMDB cache on local disk (/var/cache/kwarm)\n"
-    "  --jobs N            compile worker processes (the cores)\n"
-    "  --loops N           threads serving connections, each with its own\n"
-    "                      libuv loop (a quarter of the cores, 2 to 8)\n"
-    "  --compile-timeout S a compile running longer is killed and fails (120)\n"
-    "  --compile-memory SIZE  address space of a compile worker; past it the\n"
-    "                      compile fails (4G)\n"
-    "  --compile-helper PATH  the kwarm-compile worker program (found beside\n"
-    "                      kwarmd, or in ../libexec/kwarm/)\n"
-    "  --max-size SIZE     cache size limit, bytes or K/M/G (1G)\n"
-    "  --allow-uid UID     a uid (number or name) allowed to connect; repeatable\n"
-    "  --allow-gid GID     a gid (number or name) allowed to connect; repeatable\n"
-    "                      (default: kwarmd's own uid); root is always allowed\n"
-    "  --deny-root         refuse root too\n"
-    "  --max-connections N open connections at once; the next one gets an\n"
-    "                      error frame and is closed (1024)\n"
-    "  --max-output SIZE   replies queued for one connection before kwarmd\n"
-    "                      stops reading its requests (16M); a streamed reply\n"
-    "                      waits past it; one that reads nothing for\n"
-    "                      --idle-timeout is dropped\n"
-    "  --max-keys-in-flight N  keys of keys and warmup requests under way in\n"
-    "                      the whole daemon (2000000); a request that would\n"
-    "                      pass it is refused with an error naming the flag\n"
-    "  --idle-timeout MS   close connections silent this long (60000)\n"
-    "  --max-held-reads N  hits are written from the cache's map without a\n"
-    "                      copy; a reply the socket does not take at once\n"
-    "                      holds a read snapshot until written: at most N\n"
-    "                      at once (64; past it the rest is copied out)\n"
-    "  --held-read-timeout MS  a reply holding a snapshot this long closes\n"
-    "                      its connection (5000), so no client that stops\n"
-    "                      reading keeps old pages from being reused\n"
-    "  --socket-mode MODE  octal mode of a socket kwarmd creates (0660); the\n"
-    "                      uid/gid allowlist is checked on every connection\n"
-    "  --remote URL        fleet tier: share compiled kernels through Redis\n"
-    "  --remote-key-file F fleet HMAC key: 32 bytes, mode 0600; an optional\n"
-    "                      line after them is the Redis password (else\n"
-    "                      $KWARM_REMOTE_PASSWORD; never on the command line)\n"
-    "  --remote-timeout MS timeout of every Redis call (1000)\n"
-    "  --remote-lease MS   fleet compile lease, and the longest wait on\n"
-    "                      another node compiling the same key (60000)\n"
-    "  --read-only         serve the cache's hits, never write it: a miss is\n"
-    "                      \"not cached (read-only cache)\" (also chosen, with a\n"
-    "                      log line, when the cache is not writable)\n"
-    "  --log-level LEVEL   error, warn, info (default) or debug; lines carry an\n"
-    "                      RFC 3339 time, or a journald priority under systemd\n"
-    "  --metrics-listen HOST:PORT  serve Prometheus metrics at\n"
-    "                      http://HOST:PORT/metrics; A.B.C.D:PORT or\n"
-    "                      [IPV6]:PORT, numeric (off by default)\n"
-    "  --config FILE       JSON object with these names, e.g. {\"jobs\": 4}\n"
-    "  --version, --help\n";
+    "Every option is also a member of a --config file; flags override it.\n"
+    "\n";
+static const char usage_tail[] =
+    "\nExit status: 0 after a clean stop, 1 when serving fails, 2 for bad\n"
+    "input (a flag, a --config file, a missing file).\n";
 
 #define KW__CONFIG_MAX (1u << 20) /* bytes of a --config file */
+#define HELP_COL 22               /* where --help's descriptions start */
 
-typedef int (*setter)(kw_daemon_opts *o, const char *v);
-
-/* Copies v into a fixed buffer, refusing (never truncating) what does
- * not fit. */
-static int set_str(char *dst, size_t cap, const char *v)
+static int set_socket_mode(void *opts, const char *v)
 {
-    if (v[0] == '\0' || strlen(v) >= cap)
-        return KW_EINVAL;
-    memcpy(dst, v, strlen(v) + 1);
-    return 0;
-}
-
-static int set_socket(kw_daemon_opts *o, const char *v)
-{
-    return set_str(o->socket_path, sizeof o->socket_path, v);
-}
-
-static int set_cache(kw_daemon_opts *o, const char *v)
-{
-    return set_str(o->cache_dir, sizeof o->cache_dir, v);
-}
-
-static int set_jobs(kw_daemon_opts *o, const char *v)
-{
-    uint64_t n;
-    int rc = kw_parse_u64(v, 256, &n);
-    if (rc == 0 && n == 0)
-        rc = KW_EINVAL;
-    if (rc == 0)
-        o->jobs = (unsigned)n;
-    return rc;
-}
-
-static int set_max_size(kw_daemon_opts *o, const char *v)
-{
-    uint64_t n;
-    int rc = kw_parse_size(v, &n);
-    if (rc == 0 && n < KW_CACHE_MIN_SIZE)
-        rc = KW_EINVAL;
-    if (rc == 0)
-        o->max_size = n;
-    return rc;
-}
-
-static int set_idle(kw_daemon_opts *o, const char *v)
-{
-    uint64_t n;
-    int rc = kw_parse_u64(v, 24ull * 3600 * 1000, &n);
-    if (rc == 0 && n < 100)
-        rc = KW_EINVAL;
-    if (rc == 0)
-        o->idle_timeout_ms = (unsigned)n;
-    return rc;
-}
-
-static int set_socket_mode(kw_daemon_opts *o, const char *v)
-{
+    kw_daemon_opts *o = opts;
     char *end = NULL;
     errno = 0;
     unsigned long m = strtoul(v, &end, 8);
@@ -180,8 +74,9 @@ static int parse_id(const char *v, bool group, uint64_t *id)
     return p ? 0 : KW_EINVAL;
 }
 
-static int set_allow_uid(kw_daemon_opts *o, const char *v)
+static int set_allow_uid(void *opts, const char *v)
 {
+    kw_daemon_opts *o = opts;
     uint64_t id;
     if (o->nallow_uid == KW_DAEMON_MAX_ALLOW || parse_id(v, false, &id) < 0)
         return KW_EINVAL;
@@ -189,8 +84,9 @@ static int set_allow_uid(kw_daemon_opts *o, const char *v)
     return 0;
 }
 
-static int set_allow_gid(kw_daemon_opts *o, const char *v)
+static int set_allow_gid(void *opts, const char *v)
 {
+    kw_daemon_opts *o = opts;
     uint64_t id;
     if (o->nallow_gid == KW_DAEMON_MAX_ALLOW || parse_id(v, true, &id) < 0)
         return KW_EINVAL;
@@ -198,158 +94,32 @@ static int set_allow_gid(kw_daemon_opts *o, const char *v)
     return 0;
 }
 
-/* ---- fleet tier (issue 6) ---- */
-
-static int set_remote(kw_daemon_opts *o, const char *v)
+/* --remote (issue 6): checked as a URL, then stored like a string. */
+static int set_remote(void *opts, const char *v)
 {
+    kw_daemon_opts *o = opts;
     kw_remote_addr a;
-    if (kw_remote_parse_url(v, &a) < 0)
+    if (kw_remote_parse_url(v, &a) < 0 || strlen(v) >= sizeof o->remote_url)
         return KW_EINVAL;
-    return set_str(o->remote_url, sizeof o->remote_url, v);
+    memcpy(o->remote_url, v, strlen(v) + 1);
+    return 0;
 }
 
-static int set_remote_key(kw_daemon_opts *o, const char *v)
+static int set_metrics_listen(void *opts, const char *v)
 {
-    return set_str(o->remote_key_file, sizeof o->remote_key_file, v);
-}
-
-/* Milliseconds in [lo, hi] into *dst. */
-static int set_ms(unsigned *dst, const char *v, uint64_t lo, uint64_t hi)
-{
-    uint64_t n;
-    int rc = kw_parse_u64(v, hi, &n);
-    if (rc == 0 && n < lo)
-        rc = KW_EINVAL;
-    if (rc == 0)
-        *dst = (unsigned)n;
-    return rc;
-}
-
-static int set_remote_timeout(kw_daemon_opts *o, const char *v)
-{
-    return set_ms(&o->remote_timeout_ms, v, 10, 60000);
-}
-
-static int set_remote_lease(kw_daemon_opts *o, const char *v)
-{
-    return set_ms(&o->remote_lease_ms, v, 100, 3600 * 1000);
-}
-
-static int set_metrics_listen(kw_daemon_opts *o, const char *v)
-{
+    kw_daemon_opts *o = opts;
     struct sockaddr_storage ss;
     socklen_t len;
-    if (kw_daemon_metrics_parse(v, &ss, &len) < 0)
+    if (kw_daemon_metrics_parse(v, &ss, &len) < 0 ||
+        strlen(v) >= sizeof o->metrics_listen)
         return KW_EINVAL;
-    return set_str(o->metrics_listen, sizeof o->metrics_listen, v);
-}
-
-static int set_compile_timeout(kw_daemon_opts *o, const char *v)
-{
-    uint64_t n;
-    int rc = kw_parse_u64(v, 24 * 3600, &n);
-    if (rc == 0 && n == 0)
-        rc = KW_EINVAL;
-    if (rc == 0)
-        o->compile_timeout_ms = (unsigned)(n * 1000);
-    return rc;
-}
-
-static int set_compile_memory(kw_daemon_opts *o, const char *v)
-{
-    uint64_t n;
-    int rc = kw_parse_size(v, &n);
-    if (rc == 0 && n < (64u << 20))
-        rc = KW_EINVAL;
-    if (rc == 0)
-        o->compile_mem_limit = n;
-    return rc;
-}
-
-static int set_max_output(kw_daemon_opts *o, const char *v)
-{
-    uint64_t n;
-    int rc = kw_parse_size(v, &n);
-    if (rc == 0 && (n < (64u << 10) || n > (1ull << 34)))
-        rc = KW_EINVAL;
-    if (rc == 0)
-        o->max_output = n;
-    return rc;
-}
-
-static int set_max_keys(kw_daemon_opts *o, const char *v)
-{
-    uint64_t n;
-    int rc = kw_parse_u64(v, 1ull << 32, &n);
-    if (rc == 0 && n == 0)
-        rc = KW_EINVAL;
-    if (rc == 0)
-        o->max_keys_in_flight = n;
-    return rc;
-}
-
-static int set_loops(kw_daemon_opts *o, const char *v)
-{
-    uint64_t n;
-    int rc = kw_parse_u64(v, 64, &n);
-    if (rc == 0 && n == 0)
-        rc = KW_EINVAL;
-    if (rc == 0)
-        o->loops = (unsigned)n;
-    return rc;
-}
-
-static int set_max_held(kw_daemon_opts *o, const char *v)
-{
-    uint64_t n;
-    int rc = kw_parse_u64(v, 128, &n);
-    if (rc == 0)
-        o->max_held_reads = (unsigned)n;
-    return rc;
-}
-
-static int set_held_timeout(kw_daemon_opts *o, const char *v)
-{
-    uint64_t n;
-    int rc = kw_parse_u64(v, 3600 * 1000, &n);
-    if (rc == 0 && n < 10)
-        rc = KW_EINVAL;
-    if (rc == 0)
-        o->held_read_timeout_ms = (unsigned)n;
-    return rc;
-}
-
-static int set_max_connections(kw_daemon_opts *o, const char *v)
-{
-    uint64_t n;
-    int rc = kw_parse_u64(v, 1000000, &n);
-    if (rc == 0 && n == 0)
-        rc = KW_EINVAL;
-    if (rc == 0)
-        o->max_connections = (unsigned)n;
-    return rc;
-}
-
-/* --deny-root takes no value on the command line; in --config it is
- * "deny-root": true or false (JSON booleans). */
-static int set_deny_root(kw_daemon_opts *o, const char *v)
-{
-    if (strcmp(v, "true") != 0 && strcmp(v, "false") != 0)
-        return KW_EINVAL;
-    o->deny_root = v[0] == 't';
+    memcpy(o->metrics_listen, v, strlen(v) + 1);
     return 0;
 }
 
-static int set_read_only(kw_daemon_opts *o, const char *v)
+static int set_log_level(void *opts, const char *v)
 {
-    if (strcmp(v, "true") != 0 && strcmp(v, "false") != 0)
-        return KW_EINVAL;
-    o->read_only = v[0] == 't';
-    return 0;
-}
-
-static int set_log_level(kw_daemon_opts *o, const char *v)
-{
+    kw_daemon_opts *o = opts;
     int level = kw__log_level_from_name(v);
     if (level < 0)
         return KW_EINVAL;
@@ -357,94 +127,175 @@ static int set_log_level(kw_daemon_opts *o, const char *v)
     return 0;
 }
 
-static int set_compile_helper(kw_daemon_opts *o, const char *v)
+/* --config is read before the other flags (main_table's first pass). */
+static int set_config(void *opts, const char *v)
 {
-    return set_str(o->compile_helper, sizeof o->compile_helper, v);
+    (void)opts;
+    (void)v;
+    return 0;
 }
 
-/* The JSON types a --config member may have: a string, a number (an
- * integer), either (sizes: 1073741824 or "1G"; ids: 0 or "root"), or a
- * boolean.  {"jobs": "4"} is refused, not read as 4. */
-enum { CFG_STR = 1, CFG_NUM = 2, CFG_STR_NUM = 3, CFG_BOOL = 4 };
+#define F(field) offsetof(kw_daemon_opts, field), sizeof(((kw_daemon_opts *)0)->field)
+#define MS "milliseconds"
 
-static const struct option_def {
-    const char *name; /* flag without "--"; the --config member name */
-    setter set;
-    const char *what; /* for messages */
-    int json;         /* CFG_*: the member's JSON types */
-} options[] = {
-    {"socket", set_socket, "a path shorter than 108 bytes", CFG_STR},
-    {"cache", set_cache, "a directory path", CFG_STR},
-    {"jobs", set_jobs, "an integer in [1, 256]", CFG_NUM},
-    {"loops", set_loops, "an integer in [1, 64]", CFG_NUM},
-    {"compile-timeout", set_compile_timeout, "seconds in [1, 86400]", CFG_NUM},
-    {"compile-memory", set_compile_memory,
-     "a size of at least 64M (bytes, or K/M/G)", CFG_STR_NUM},
-    {"compile-helper", set_compile_helper, "a file path", CFG_STR},
-    {"max-output", set_max_output, "a size in [64K, 16G] (bytes, or K/M/G)",
-     CFG_STR_NUM},
-    {"max-connections", set_max_connections, "an integer in [1, 1000000]",
-     CFG_NUM},
-    {"max-keys-in-flight", set_max_keys, "an integer in [1, 4294967296]",
-     CFG_NUM},
-    {"max-held-reads", set_max_held, "an integer in [0, 128]", CFG_NUM},
-    {"held-read-timeout", set_held_timeout, "milliseconds in [10, 3600000]",
-     CFG_NUM},
-    {"deny-root", set_deny_root, "true or false", CFG_BOOL},
-    {"log-level", set_log_level, "error, warn, info or debug", CFG_STR},
-    {"read-only", set_read_only, "true or false", CFG_BOOL},
-    {"max-size", set_max_size, "a size of at least 1M (bytes, or K/M/G)",
-     CFG_STR_NUM},
-    {"allow-uid", set_allow_uid, "a uid or user name (at most 32)",
-     CFG_STR_NUM},
-    {"allow-gid", set_allow_gid, "a gid or group name (at most 32)",
-     CFG_STR_NUM},
-    {"idle-timeout", set_idle, "milliseconds in [100, 86400000]", CFG_NUM},
-    {"socket-mode", set_socket_mode,
-     "an octal mode like 0660 with 0600 set (a string)", CFG_STR},
-    {"remote", set_remote, "redis://HOST:PORT[/DB] (no password in it)",
-     CFG_STR},
-    {"remote-key-file", set_remote_key, "a file path", CFG_STR},
-    {"remote-timeout", set_remote_timeout, "milliseconds in [10, 60000]",
-     CFG_NUM},
-    {"remote-lease", set_remote_lease, "milliseconds in [100, 3600000]",
-     CFG_NUM},
-    {"metrics-listen", set_metrics_listen,
-     "A.B.C.D:PORT or [IPV6]:PORT (numeric, PORT 1..65535)", CFG_STR},
+/* Every kwarmd option, in --help's order: flags, --config members, help
+ * and man page come from here, and so do the bounds in every message. */
+static const kw_opt options[] = {
+    {"socket", 0, KW_OPT_STR, "PATH", NULL, 0, 0, 0, F(socket_path), NULL,
+     "a path", 0,
+     "(/run/kwarm/kwarm.sock; $XDG_RUNTIME_DIR/kwarm.sock\n"
+     "for a non-root user); created mode 0660"},
+    {"cache", 0, KW_OPT_STR, "DIR", NULL, 0, 0, 0, F(cache_dir), NULL,
+     "a directory path", 0, "LMDB cache on local disk (/var/cache/kwarm)"},
+    {"jobs", 0, KW_OPT_UINT, "N", NULL, 1, 256, 0, F(jobs), NULL, NULL, 0,
+     "compile worker processes (the cores)"},
+    {"loops", 0, KW_OPT_UINT, "N", NULL, 1, 64, 0, F(loops), NULL, NULL, 0,
+     "threads serving connections, each with its own\n"
+     "libuv loop (a quarter of the cores, 2 to 8)"},
+    {"compile-timeout", 0, KW_OPT_UINT, "S", "seconds", 1, 86400, 1000,
+     F(compile_timeout_ms), NULL, NULL, 0,
+     "a compile running longer is killed and fails (120)"},
+    {"compile-memory", 0, KW_OPT_SIZE, "SIZE", NULL, 64u << 20, 0, 0,
+     F(compile_mem_limit), NULL, NULL, 0,
+     "address space of a compile worker; past it the\n"
+     "compile fails (4G)"},
+    {"compile-helper", 0, KW_OPT_STR, "PATH", NULL, 0, 0, 0, F(compile_helper),
+     NULL, "a file path", 0,
+     "the kwarm-compile worker program (found beside\n"
+     "kwarmd, or in ../libexec/kwarm/)"},
+    {"max-size", 0, KW_OPT_SIZE, "SIZE", NULL, KW_CACHE_MIN_SIZE, 0, 0,
+     F(max_size), NULL, NULL, 0,
+     "cache size limit, bytes or K/M/G (1G); on an\n"
+     "existing cache of another limit, a warning says\n"
+     "which one is in force"},
+    {"allow-uid", 0, KW_OPT_FUNC, "UID", NULL, 0, 0, 0, 0, 0, set_allow_uid,
+     "a uid or user name (at most 32)", KW_OPT_JSTR | KW_OPT_JNUM,
+     "a uid (number or name) allowed to connect; repeatable"},
+    {"allow-gid", 0, KW_OPT_FUNC, "GID", NULL, 0, 0, 0, 0, 0, set_allow_gid,
+     "a gid or group name (at most 32)", KW_OPT_JSTR | KW_OPT_JNUM,
+     "a gid (number or name) allowed to connect; repeatable\n"
+     "(default: kwarmd's own uid); root is always allowed"},
+    {"deny-root", 0, KW_OPT_SWITCH, NULL, NULL, 0, 0, 0, F(deny_root), NULL,
+     NULL, 0, "refuse root too"},
+    {"max-connections", 0, KW_OPT_UINT, "N", NULL, 1, 1000000, 0,
+     F(max_connections), NULL, NULL, 0,
+     "open connections at once; the next one gets an\n"
+     "error frame and is closed (1024)"},
+    {"max-output", 0, KW_OPT_SIZE, "SIZE", NULL, 64u << 10, 1ull << 34, 0,
+     F(max_output), NULL, NULL, 0,
+     "replies queued for one connection before kwarmd\n"
+     "stops reading its requests (16M); a streamed reply\n"
+     "waits past it; one that reads nothing for\n"
+     "--idle-timeout is dropped"},
+    {"max-keys-in-flight", 0, KW_OPT_UINT, "N", NULL, 1, 1ull << 32, 0,
+     F(max_keys_in_flight), NULL, NULL, 0,
+     "keys of keys and warmup requests under way in\n"
+     "the whole daemon (2000000); a request that would\n"
+     "pass it is refused with an error naming the flag"},
+    {"idle-timeout", 0, KW_OPT_UINT, "MS", MS, 100, 24ull * 3600 * 1000, 0,
+     F(idle_timeout_ms), NULL, NULL, 0,
+     "close connections silent this long (60000)"},
+    {"max-held-reads", 0, KW_OPT_UINT, "N", NULL, 0, 128, 0, F(max_held_reads),
+     NULL, NULL, 0,
+     "hits are written from the cache's map without a\n"
+     "copy; a reply the socket does not take at once\n"
+     "holds a read snapshot until written: at most N\n"
+     "at once (64; past it the rest is copied out)"},
+    {"held-read-timeout", 0, KW_OPT_UINT, "MS", MS, 10, 3600 * 1000, 0,
+     F(held_read_timeout_ms), NULL, NULL, 0,
+     "a reply holding a snapshot this long closes\n"
+     "its connection (5000), so no client that stops\n"
+     "reading keeps old pages from being reused"},
+    {"socket-mode", 0, KW_OPT_FUNC, "MODE", NULL, 0, 0, 0, 0, 0, set_socket_mode,
+     "an octal mode like 0660 with 0600 set (a string)", KW_OPT_JSTR,
+     "octal mode of a socket kwarmd creates (0660); the\n"
+     "uid/gid allowlist is checked on every connection"},
+    {"remote", 0, KW_OPT_FUNC, "URL", NULL, 0, 0, 0, 0, 0, set_remote,
+     "redis://HOST:PORT[/DB] (no password in it)", KW_OPT_JSTR,
+     "fleet tier: share compiled kernels through Redis\n"
+     "(redis://HOST:PORT[/DB]; needs --remote-key-file)"},
+    {"remote-key-file", 0, KW_OPT_STR, "F", NULL, 0, 0, 0, F(remote_key_file),
+     NULL, "a file path", 0,
+     "fleet HMAC key: 32 bytes, mode 0600; an optional\n"
+     "line after them is the Redis password (else\n"
+     "$KWARM_REMOTE_PASSWORD; never on the command line)"},
+    {"remote-timeout", 0, KW_OPT_UINT, "MS", MS, 10, 60000, 0,
+     F(remote_timeout_ms), NULL, NULL, 0, "timeout of every Redis call (1000)"},
+    {"remote-lease", 0, KW_OPT_UINT, "MS", MS, 100, 3600 * 1000, 0,
+     F(remote_lease_ms), NULL, NULL, 0,
+     "fleet compile lease, and the longest wait on\n"
+     "another node compiling the same key (60000)"},
+    {"read-only", 0, KW_OPT_SWITCH, NULL, NULL, 0, 0, 0, F(read_only), NULL,
+     NULL, 0,
+     "serve the cache's hits, never write it: a miss is\n"
+     "\"not cached (read-only cache)\" (also chosen, with a\n"
+     "log line, when the cache is not writable)"},
+    {"log-level", 0, KW_OPT_FUNC, "LEVEL", NULL, 0, 0, 0, 0, 0, set_log_level,
+     "error, warn, info or debug", KW_OPT_JSTR,
+     "error, warn, info (default) or debug; lines carry an\n"
+     "RFC 3339 time, or a journald priority under systemd"},
+    {"metrics-listen", 0, KW_OPT_FUNC, "HOST:PORT", NULL, 0, 0, 0, 0, 0,
+     set_metrics_listen, "A.B.C.D:PORT or [IPV6]:PORT (numeric, PORT 1..65535)",
+     KW_OPT_JSTR,
+     "serve Prometheus metrics at\n"
+     "http://HOST:PORT/metrics; A.B.C.D:PORT or\n"
+     "[IPV6]:PORT, numeric (off by default)"},
+    {"config", 0, KW_OPT_FUNC, "FILE", NULL, 0, 0, 0, 0, 0, set_config,
+     "a file path", 0, "JSON object with these names, e.g. {\"jobs\": 4}"},
+    {"version", 0, KW_OPT_SWITCH, NULL, NULL, 0, 0, 0, 0, 0, NULL, NULL, 0,
+     "print the version and what enters a key's digest"},
+    {"help", 'h', KW_OPT_SWITCH, NULL, NULL, 0, 0, 0, 0, 0, NULL, NULL, 0,
+     "this text"},
 };
 #define NOPTIONS (sizeof options / sizeof options[0])
+/* The rows after the last --config member: command-line only. */
+#define NCONFIG (NOPTIONS - 3)
 
-static const struct option_def *find_option(const char *name)
-{
-    for (size_t i = 0; i < NOPTIONS; i++)
-        if (strcmp(options[i].name, name) == 0)
-            return &options[i];
-    return NULL;
-}
+#undef F
+#undef MS
 
 /* Applies one value of a --config member (a string, a number, or an
  * array of them for the repeatable options); where names FILE:LINE. */
-static int config_value(kw_daemon_opts *o, const struct option_def *def,
-                        const cJSON *v, const char *where)
+static int config_value(kw_daemon_opts *o, const kw_opt *def, const cJSON *v,
+                        const char *where)
 {
-    char num[32];
+    char num[32], what[160];
     const char *text = NULL;
-    if (cJSON_IsString(v) && (def->json & CFG_STR))
+    unsigned types = kw_opt_json_types(def);
+    if (cJSON_IsString(v) && (types & KW_OPT_JSTR))
         text = v->valuestring;
-    else if (cJSON_IsBool(v) && def->json == CFG_BOOL)
+    else if (cJSON_IsBool(v) && (types & KW_OPT_JBOOL))
         text = cJSON_IsTrue(v) ? "true" : "false";
-    else if (cJSON_IsNumber(v) && (def->json & CFG_NUM) &&
+    else if (cJSON_IsNumber(v) && (types & KW_OPT_JNUM) &&
              v->valuedouble >= 0 &&
              v->valuedouble < 1e15 && v->valuedouble == (double)(int64_t)v->valuedouble) {
         snprintf(num, sizeof num, "%lld", (long long)v->valuedouble);
         text = num;
     }
-    if (text == NULL || def->set(o, text) < 0) {
-        fprintf(stderr, "kwarmd: %s: /%s: must be %s\n", where, def->name,
-                def->what);
+    if (text == NULL || kw_opt_set(def, o, text) < 0) {
+        kw_opt_describe(def, what, sizeof what);
+        fprintf(stderr, "kwarmd: %s: /%s: must be %s%s\n", where, def->name,
+                what, types == KW_OPT_JNUM ? " (a JSON number)" : "");
         return KW_EINVAL;
     }
     return 0;
+}
+
+/* The flag names of the first n rows, for kw_opt_nearest. */
+static size_t option_names(const char **names, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        names[i] = options[i].name;
+    return n;
+}
+
+/* Prints an unknown --config member, with the nearest option's name. */
+static void unknown_member(const char *where, const char *name)
+{
+    const char *names[NOPTIONS];
+    const char *near = kw_opt_nearest(name, names, option_names(names, NCONFIG));
+    fprintf(stderr, "kwarmd: %s: /%s: unknown option%s%s%s\n", where, name,
+            near ? "; did you mean \"" : "", near ? near : "", near ? "\"?" : "");
 }
 
 /* The line of text on which member name's key is (1 when not found): the
@@ -512,10 +363,10 @@ static int load_config(kw_daemon_opts *o, const char *path)
         fprintf(stderr, "kwarmd: --config %s: line 1: not a JSON object\n", path);
     rc = rc == 0 && cJSON_IsObject(root) ? 0 : KW_EINVAL;
     for (const cJSON *it = root ? root->child : NULL; rc == 0 && it; it = it->next) {
-        const struct option_def *def = find_option(it->string);
+        const kw_opt *def = kw_opt_find(options, NCONFIG, it->string);
         snprintf(where, sizeof where, "%s:%u", path, member_line(buf, it->string));
         if (def == NULL) {
-            fprintf(stderr, "kwarmd: %s: /%s: unknown option\n", where, it->string);
+            unknown_member(where, it->string);
             rc = KW_EINVAL;
         } else if (cJSON_IsArray(it)) {
             for (const cJSON *e = it->child; rc == 0 && e; e = e->next)
@@ -545,44 +396,126 @@ static int print_version(void)
     return 0;
 }
 
-/* Applies the flags; --config is read first wherever it stands, so flags
- * override the file.  Returns 0, 1 (help/version printed), or -1. */
+/* Prints the error r of kw_opt_next (or of a value v it gave for row
+ * r >= 0) as one line naming the flag; returns -1. */
+static int flag_error(const kw_opt_parser *p, int r, const char *v)
+{
+    char what[160], near[80] = "";
+    if (r >= 0) {
+        kw_opt_describe(&options[r], what, sizeof what);
+        fprintf(stderr, "kwarmd: --%s: '%.64s' is not %s (see kwarmd --help)\n",
+                options[r].name, v, what);
+        return -1;
+    }
+    if (r == KW_OPT_POSITIONAL) {
+        fprintf(stderr, "kwarmd: %.64s: unknown argument (see kwarmd --help)\n", v);
+        return -1;
+    }
+    if (r == KW_OPT_UNKNOWN && p->bad[0] == '-' && p->bad[1] == '-') {
+        const char *names[NOPTIONS];
+        char name[64];
+        snprintf(name, sizeof name, "%.*s", (int)strcspn(p->bad + 2, "="), p->bad + 2);
+        const char *n = kw_opt_nearest(name, names, option_names(names, NOPTIONS));
+        if (n != NULL)
+            snprintf(near, sizeof near, "; did you mean --%s?", n);
+    }
+    fprintf(stderr, "kwarmd: %.64s: %s%s (see kwarmd --help)\n", p->bad,
+            r == KW_OPT_MISSING   ? "missing value"
+            : r == KW_OPT_NOVALUE ? "takes no value"
+                                  : "unknown argument",
+            near);
+    return -1;
+}
+
+/* Prints --help: the table's lines between the head and the tail. */
+static int print_help(void)
+{
+    fputs(usage_head, stdout);
+    kw_opt_help(stdout, options, NOPTIONS, HELP_COL);
+    fputs(usage_tail, stdout);
+    return 1;
+}
+
+/* Reads every --config FILE of argv, wherever it stands, so that the
+ * flags (parse_flags' second pass) override the file.  0 or -1. */
+static int config_pass(kw_daemon_opts *o, int argc, char **argv)
+{
+    kw_opt_parser p;
+    const char *v;
+    kw_opt_parser_init(&p, options, NOPTIONS, argc, argv);
+    for (int r; (r = kw_opt_next(&p, &v)) != KW_OPT_END;) {
+        if (r < 0 && r != KW_OPT_POSITIONAL)
+            return flag_error(&p, r, v);
+        if (r >= 0 && options[r].set == set_config && load_config(o, v) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* A file named by a flag that cannot be read is bad input (exit 2, as a
+ * missing --config is), found before anything starts: the key file is
+ * read again, and checked in full, when the fleet tier opens. */
+static int check_files(const kw_daemon_opts *o)
+{
+    if (o->remote_key_file[0] == '\0')
+        return 0;
+    int fd = open(o->remote_key_file, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        fprintf(stderr, "kwarmd: --remote-key-file %s: %s\n", o->remote_key_file,
+                strerror(errno));
+        return -1;
+    }
+    close(fd);
+    return 0;
+}
+
+/* Applies the flags after the --config files.  Returns 0, 1 (help or
+ * version printed), or -1 after printing the error. */
 static int parse_flags(kw_daemon_opts *o, int argc, char **argv)
 {
-    for (int i = 1; i < argc; i++)
-        if (strcmp(argv[i], "--config") == 0 && i + 1 < argc &&
-            load_config(o, argv[++i]) < 0)
-            return -1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            printf("%s", usage);
-            return 1;
-        }
-        if (strcmp(a, "--version") == 0)
+    if (config_pass(o, argc, argv) < 0)
+        return -1;
+    kw_opt_parser p;
+    const char *v;
+    kw_opt_parser_init(&p, options, NOPTIONS, argc, argv);
+    for (int r; (r = kw_opt_next(&p, &v)) != KW_OPT_END;) {
+        if (r < 0)
+            return flag_error(&p, r, v);
+        const kw_opt *def = &options[r];
+        if (strcmp(def->name, "help") == 0)
+            return print_help();
+        if (strcmp(def->name, "version") == 0)
             return print_version() == 0 ? 1 : -1;
-        if (strcmp(a, "--deny-root") == 0 || strcmp(a, "--read-only") == 0) {
-            *(a[2] == 'd' ? &o->deny_root : &o->read_only) = true; /* no value */
-            continue;
-        }
-        const struct option_def *def = strncmp(a, "--", 2) == 0 ? find_option(a + 2) : NULL;
-        bool cfg = strcmp(a, "--config") == 0;
-        if ((def == NULL && !cfg) || i + 1 >= argc) {
-            fprintf(stderr, "kwarmd: %s: %s (see kwarmd --help)\n", a,
-                    def || cfg ? "missing value" : "unknown argument");
-            return -1;
-        }
-        i++;
-        if (!cfg && def->set(o, argv[i]) < 0) {
-            fprintf(stderr, "kwarmd: %s: '%.64s' is not %s\n", a, argv[i], def->what);
-            return -1;
-        }
+        if (def->set == set_config)
+            continue; /* read by config_pass */
+        if (kw_opt_set(def, o, def->type == KW_OPT_SWITCH ? "true" : v) < 0)
+            return flag_error(&p, r, v);
     }
     if (o->remote_url[0] != '\0' && o->remote_key_file[0] == '\0') {
         fprintf(stderr, "kwarmd: --remote needs --remote-key-file (the fleet key)\n");
         return -1;
     }
-    return 0;
+    return check_files(o);
+}
+
+/* Warns when --max-size was given (o->max_size not 0) but the cache
+ * already stores another limit: the stored one stays in force, as for
+ * kwarm prewarm (cli_prewarm.c), and a silent flag would look obeyed.  A
+ * cache that cannot be opened read-only here is left to kw_daemon_run. */
+static void note_max_size(const kw_daemon_opts *o)
+{
+    kw_cache_opts co = {.dir = o->cache_dir, .read_only = true};
+    kw_cache *c = NULL;
+    kw_cache_stats st;
+    char err[256];
+    if (o->max_size != 0 && kw_cache_open(&c, &co, err, sizeof err) == 0 &&
+        kw_cache_stats_get(c, &st) == 0 && st.max_size != o->max_size)
+        KW_LOG(KW_LOG_WARNING, "--max-size %llu not applied: %s "
+               "already stores a limit of %llu bytes, which stays in force "
+               "(kwarm resize SIZE changes it)",
+               (unsigned long long)o->max_size, o->cache_dir,
+               (unsigned long long)st.max_size);
+    kw_cache_close(c); /* before kw_daemon_run opens it again */
 }
 
 int main(int argc, char **argv)
@@ -590,13 +523,16 @@ int main(int argc, char **argv)
     kw_daemon_opts o;
     char err[1024] = "";
     kw_daemon_opts_init(&o);
+    o.max_size = 0; /* given or not (note_max_size); 0 opens with the default */
     int rc = parse_flags(&o, argc, argv);
     if (rc != 0)
         return rc > 0 ? 0 : 2;
     kw__log_init(o.log_level);
+    note_max_size(&o);
     rc = kw_daemon_run(&o, err, sizeof err);
     if (rc < 0) {
-        KW_LOG(KW_LOG_ERR, "kwarmd: %s", err[0] ? err : kw_strerror(rc));
+        /* the log line names kwarmd already (log.h) */
+        KW_LOG(KW_LOG_ERR, "%s", err[0] ? err : kw_strerror(rc));
         return 1;
     }
     return 0;

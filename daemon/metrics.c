@@ -13,12 +13,14 @@
 #include "internal.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -154,6 +156,79 @@ static void cache_metrics(FILE *f, const kw_cache_stats *st)
         "Entries that failed their checksum and were removed", st->corrupt);
 }
 
+/* Seconds since the epoch at which this process started: its start time
+ * in clock ticks after boot (/proc/self/stat field 22) plus the boot
+ * time (/proc/stat btime), as Prometheus' client libraries compute it.
+ * 0 when /proc cannot tell. */
+static double start_time_seconds(void)
+{
+    char buf[1024];
+    unsigned long long ticks = 0, btime = 0;
+    FILE *f = fopen("/proc/self/stat", "re");
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f)
+        fclose(f);
+    buf[n] = '\0';
+    /* fields after the command name, which may hold spaces: from ')' */
+    const char *p = strrchr(buf, ')');
+    for (int field = 2; p != NULL && field < 22; field++)
+        p = strchr(p + 1, ' ');
+    if (p == NULL || sscanf(p, " %llu", &ticks) != 1)
+        return 0;
+    if ((f = fopen("/proc/stat", "re")) == NULL)
+        return 0;
+    while (fgets(buf, sizeof buf, f) != NULL &&
+           sscanf(buf, "btime %llu", &btime) != 1)
+        ;
+    fclose(f);
+    long hz = sysconf(_SC_CLK_TCK);
+    return btime && hz > 0 ? (double)btime + (double)ticks / (double)hz : 0;
+}
+
+/* Resident bytes (/proc/self/statm's second field, in pages); 0 when
+ * unknown. */
+static uint64_t resident_bytes(void)
+{
+    unsigned long long size = 0, pages = 0;
+    FILE *f = fopen("/proc/self/statm", "re");
+    int got = f ? fscanf(f, "%llu %llu", &size, &pages) : 0;
+    if (f)
+        fclose(f);
+    long page = sysconf(_SC_PAGESIZE);
+    return got == 2 && page > 0 ? pages * (uint64_t)page : 0;
+}
+
+/* Open file descriptors: the entries of /proc/self/fd, less the one
+ * opendir holds while counting. */
+static uint64_t open_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    uint64_t n = 0;
+    if (d == NULL)
+        return 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n > 0 ? n - 1 : 0;
+}
+
+/* The standard process_* series of Prometheus' client libraries, so the
+ * usual dashboards and alerts (restarts, memory, fd leaks) work. */
+static void process_metrics(FILE *f)
+{
+    head(f, "process_start_time_seconds", "gauge",
+         "Start time of the process since unix epoch in seconds");
+    fprintf(f, "process_start_time_seconds %.2f\n", start_time_seconds());
+    one(f, "process_resident_memory_bytes", "gauge",
+        "Resident memory size in bytes", resident_bytes());
+    one(f, "process_open_fds", "gauge", "Number of open file descriptors",
+        open_fds());
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+        one(f, "process_max_fds", "gauge",
+            "Maximum number of open file descriptors", (uint64_t)rl.rlim_cur);
+}
+
 /* The warm pipeline: keys, compiles by family and result, gauges. */
 static void warm_metrics(FILE *f, kw__daemon *d, const kw_warm_stats *ws)
 {
@@ -223,6 +298,7 @@ int kw__metrics_format(kw__daemon *d, const kw_cache_stats *st,
     cache_metrics(f, st);
     warm_metrics(f, d, ws);
     remote_metrics(f, rs);
+    process_metrics(f);
     bool bad = ferror(f) != 0;
     if (fclose(f) != 0 || bad) {
         free(buf);

@@ -197,13 +197,19 @@ void kw__stream_abort(kw__stream *s)
     s->aborted = true;
     kw_warm_job *job = s->job;
     kw__req *requeue = s->parked ? s->owner : NULL;
+    /* A detached warmup (issue 24) outlives its client: not cancelled,
+     * and resumed if the budget had paused it, since nothing drains now. */
+    bool keep = s->detached, resume = keep && s->paused;
+    s->paused = s->paused && !keep;
     s->parked = false;
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
     if (requeue != NULL)
         kw__jobs_push(requeue->d, requeue); /* to see the abort and end */
-    if (job != NULL)
+    if (job != NULL && !keep)
         kw_warm_job_cancel(job); /* and resumed, when it was paused */
+    else if (job != NULL && resume)
+        kw_warm_job_resume(job);
 }
 
 void kw__stream_unref(kw__stream *s)

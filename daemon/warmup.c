@@ -10,7 +10,8 @@
  * sends the counts-only RESULT
  *   {"keys", "hits", "remote_hits", "compiled", "failed", "cancelled",
  *    "seconds", "pinned"? (with "pin" in the request)}
- * and ends the request.  kwarm warmup --json and kw_client_warmup() put
+ * and ends the request.  With "detach": true a client that leaves does not
+ * cancel the warmup's compiles.  kwarm warmup --json and kw_client_warmup() put
  * the streamed results back into one "manifest", in key order ("index":
  * the key's place in the deployment's keys, as `kwarm keys` lists them).
  */
@@ -163,12 +164,20 @@ static void log_warmup(const kw__req *r)
            now_s() - r->t0);
 }
 
+/* A warmup with "detach": true (kwarm warmup --detach, issue 24) goes on
+ * when its client leaves: its keys are compiled and cached all the same;
+ * only its frames go nowhere.  kw__run_warmup checked the member. */
+static bool detached(const kw__req *r)
+{
+    return cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r->header, "detach"));
+}
+
 /* warm's callback for one key of a warmup. */
 static void on_result(const kw_warm_result *res, void *arg)
 {
     kw__req *r = arg;
     bool gone = atomic_load(&r->aborted);
-    if (gone && res->job != NULL)
+    if (gone && res->job != NULL && !detached(r))
         kw_warm_job_cancel(res->job); /* the client left (once: cheap after) */
     r->count[res->status]++;
     if (res->status == KW_WARM_FAILED && res->rc != KW_EROFS) /* not a compile */
@@ -251,6 +260,11 @@ void kw__run_warmup(kw__req *r)
         kw__req_error(r, KW_EINVAL, "warmup: \"pin\" must be a string");
         return;
     }
+    const cJSON *detach = cJSON_GetObjectItemCaseSensitive(r->header, "detach");
+    if (detach != NULL && !cJSON_IsBool(detach)) {
+        kw__req_error(r, KW_EINVAL, "warmup: \"detach\" must be true or false");
+        return;
+    }
     /* Nothing is written when the deployment cannot fit beside the pins. */
     if ((rc = kw_warm_plan_check(r->d->cache, r->set.keys, r->set.nkeys, err,
                                  sizeof err)) < 0) {
@@ -264,6 +278,7 @@ void kw__run_warmup(kw__req *r)
      * posts before the stream knows the job it may pause (they wait);
      * warm takes the keys, no copy (r->set keeps only the count). */
     pthread_mutex_lock(&r->s->mu);
+    r->s->detached = detached(r); /* an abort from now on leaves it running */
     rc = kw_warm_submit_take(r->d->warm, &r->set.keys, r->set.nkeys,
                              KW_WARM_PROTECT, on_result, r, &r->s->job);
     pthread_mutex_unlock(&r->s->mu);

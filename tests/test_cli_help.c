@@ -272,3 +272,65 @@ Test(cli_help, bash_completes_commands_and_flags)
     free(out);
     free(err);
 }
+
+/* ---- the option tables (issue 24) ------------------------------------- */
+
+#include "kw_config.h"
+
+/* The deployment flags are jit/'s (kw_config_field_flag), routed by the
+ * CLI's model rows: every one of them is taken by each key-deriving
+ * command and named in its help, so a field added to jit/ without a row
+ * fails here rather than being refused as "unknown argument". */
+Test(cli_help, every_deployment_field_has_a_row_in_each_model_command)
+{
+    static const char *const cmds[] = {"keys", "diff", "prewarm", "warmup",
+                                       "verify"};
+    for (size_t c = 0; c < sizeof cmds / sizeof *cmds; c++) {
+        result h = kwarm(ARGS(cmds[c], "--help"));
+        cr_assert_eq(h.status, 0, "kwarm %s --help", cmds[c]);
+        for (int f = 0; f < KW_CONFIG_NFIELDS; f++) {
+            const char *flag = kw_config_field_flag((kw_config_field)f);
+            cr_expect(names_flag(h.out, flag), "kwarm %s --help lacks %s",
+                      cmds[c], flag);
+            result r = kwarm(ARGS(cmds[c], flag));
+            char unknown[128];
+            snprintf(unknown, sizeof unknown, "%s: unknown argument", flag);
+            cr_expect(strstr(r.err, unknown) == NULL, "kwarm %s %s: %s", cmds[c],
+                      flag, r.err);
+            result_free(&r);
+        }
+        result_free(&h);
+    }
+}
+
+/* getopt_long takes any unambiguous prefix of a long flag; kwarm wants
+ * it spelled out (a typo must not select a flag silently), takes
+ * --flag=VALUE, and refuses a value given twice. */
+Test(cli_help, flags_are_spelled_out_and_given_once)
+{
+    const char *m = KW_FIXTURES "/deepseek-v3.2-exp.json";
+    result r = kwarm(ARGS("keys", "--model", m, "--js"));
+    cr_expect(r.status == 2 && strstr(r.err, "--js: unknown argument"), "%s", r.err);
+    result_free(&r);
+    r = kwarm(ARGS("keys", "--model", m, "--jsno"));
+    cr_expect(r.status == 2 && strstr(r.err, "--jsno: unknown argument; did you "
+                                             "mean --json?"), "%s", r.err);
+    result_free(&r);
+    r = kwarm(ARGS("keys", "--model=" KW_FIXTURES "/deepseek-v3.2-exp.json",
+                   "--dcp-world=2", "--json"));
+    cr_expect(r.status == 0 && strstr(r.out, "\"dcp_world\":2"), "%s", r.err);
+    result_free(&r);
+    r = kwarm(ARGS("prewarm", "--model", m, "--cache", "/tmp/a", "--cache", "/tmp/b"));
+    cr_expect(r.status == 2 && strstr(r.err, "--cache: given more than once"),
+              "%s", r.err);
+    result_free(&r);
+    r = kwarm(ARGS("keys", "--model", m, "--json=yes"));
+    cr_expect(r.status == 2 && strstr(r.err, "--json=yes: takes no value"),
+              "%s", r.err);
+    result_free(&r);
+    r = kwarm(ARGS("prewarm", "--model", m, "--cache", "/tmp/a", "--jobs", "0"));
+    cr_expect(r.status == 2 &&
+                  strstr(r.err, "--jobs: '0' is not an integer in [1, 256]"),
+              "%s", r.err);
+    result_free(&r);
+}

@@ -532,7 +532,7 @@ Test(client, default_socket_prefers_kwarm_socket)
     stop_daemon();
 }
 
-Test(client, load_gives_a_launchable_function_on_a_gpu)
+Test(client, gpu_load_gives_a_launchable_function)
 {
     kw_cuda *cuda = NULL;
     char err[256];

@@ -14,6 +14,8 @@
 #include "daemon_util.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
+#include <math.h>
 #include <netinet/in.h>
 
 TestSuite(metrics, .fini = kwd_cleanup, .timeout = 120);
@@ -629,5 +631,114 @@ Test(metrics, ipv6_loopback_serves_metrics_and_refuses_other_requests)
     cr_expect_str_eq(out, "404 405\nTrue\n");
     free(out);
     free(err);
+    kwd_down(&d, &c);
+}
+
+/* ---- process_* series (issue 24) ---------------------------------------- */
+
+/* GET /metrics over plain HTTP/1.0 from 127.0.0.1:port; the whole reply,
+ * headers included (free it).  No python: this needs no parser. */
+static char *http_metrics(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    cr_assert(fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0,
+              "connect :%d: %s", port, strerror(errno));
+    static const char req[] = "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n";
+    cr_assert_eq(write(fd, req, sizeof req - 1), (ssize_t)(sizeof req - 1));
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    for (ssize_t r; (r = read(fd, buf + n, cap - n - 1)) != 0;) {
+        cr_assert(r > 0 || errno == EINTR, "read: %s", strerror(errno));
+        n += r > 0 ? (size_t)r : 0;
+        if (n + 1 == cap)
+            cr_assert_not_null(buf = realloc(buf, cap *= 2));
+    }
+    buf[n] = '\0';
+    close(fd);
+    cr_assert(strncmp(buf, "HTTP/1.", 7) == 0 && strstr(buf, " 200 "), "%.200s", buf);
+    return buf;
+}
+
+/* The value of the unlabelled sample name in text; fails when absent,
+ * or when its HELP and TYPE gauge lines are. */
+static double sample(const char *text, const char *name)
+{
+    char key[96], type[112];
+    snprintf(key, sizeof key, "\n%s ", name);
+    snprintf(type, sizeof type, "# TYPE %s gauge\n", name);
+    const char *p = strstr(text, key);
+    cr_assert_not_null(p, "no %s in:\n%s", name, text);
+    cr_expect_not_null(strstr(text, type), "no TYPE line for %s", name);
+    return strtod(p + strlen(key), NULL);
+}
+
+/* A "Name:  N kB" line of /proc/PID/status, in bytes. */
+static double proc_status_bytes(pid_t pid, const char *field)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    char *s = kw_test_read_file(path, NULL);
+    cr_assert_not_null(s, "%s", path);
+    const char *p = strstr(s, field);
+    cr_assert_not_null(p, "%s: no %s", path, field);
+    double v = strtod(p + strlen(field), NULL) * 1024;
+    free(s);
+    return v;
+}
+
+/* Entries of /proc/PID/fd (kwarmd runs as this user, so they are ours
+ * to list). */
+static double proc_fds(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(path);
+    cr_assert_not_null(d, "%s: %s", path, strerror(errno));
+    double n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+Test(metrics, process_series_describe_kwarmd_itself)
+{
+    kwd d;
+    kwc c, more[8];
+    char listen[64];
+    int port = free_port(AF_INET);
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
+    time_t before = time(NULL);
+    up(&d, &c, "metrics-proc", listen);
+    char *t0 = http_metrics(port);
+    /* Started between our clock before the spawn and now (ticks: 10 ms). */
+    double start = sample(t0, "process_start_time_seconds");
+    cr_expect(start >= (double)before - 1 && start <= (double)time(NULL) + 1,
+              "start %.2f, spawned at %lld", start, (long long)before);
+    double rss = sample(t0, "process_resident_memory_bytes");
+    double vmrss = proc_status_bytes(d.pid, "VmRSS:");
+    cr_expect(rss > (1 << 20) && rss > vmrss / 2 && rss < vmrss * 2,
+              "resident %.0f, /proc says %.0f", rss, vmrss);
+    /* Open fds follow the connections kwarmd holds: eight more, each
+     * answered (so accepted), are eight more fds. */
+    double fds0 = sample(t0, "process_open_fds");
+    cr_expect(fds0 >= 4 && fabs(fds0 - proc_fds(d.pid)) <= 2,
+              "open fds %.0f, /proc/%d/fd has %.0f", fds0, (int)d.pid,
+              proc_fds(d.pid));
+    for (size_t i = 0; i < 8; i++) {
+        kwc_must_open(&more[i], d.sock);
+        kwc_expect_pong(&more[i], "an extra connection");
+    }
+    char *t1 = http_metrics(port);
+    double fds1 = sample(t1, "process_open_fds");
+    cr_expect(fds1 >= fds0 + 8, "open fds %.0f, then %.0f with 8 more clients",
+              fds0, fds1);
+    cr_expect_eq(sample(t1, "process_start_time_seconds"), start);
+    for (size_t i = 0; i < 8; i++)
+        kwc_close(&more[i]);
+    free(t0);
+    free(t1);
     kwd_down(&d, &c);
 }

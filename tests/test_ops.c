@@ -394,7 +394,7 @@ Test(ops, refuses_a_deployment_it_cannot_serve_before_any_work)
 
 /* indexer_topk and a runtime miss of index_conversion on the device, with
  * kernels NVRTC really compiled: the path a C serving process takes. */
-Test(ops, on_a_gpu_the_loaded_kernels_match_the_reference, .timeout = 600)
+Test(ops, gpu_loaded_kernels_match_the_reference, .timeout = 600)
 {
     kw_cuda *cu = NULL;
     char err[512] = "";

@@ -1,10 +1,11 @@
 #!/bin/sh
 # gen-cli-docs.sh KWARM KWARMD OUTDIR: writes OUTDIR/kwarm.bash (bash
 # completion), OUTDIR/kwarm.1 and OUTDIR/kwarmd.8 (man pages) from the
-# --help texts of the binaries just built.  Run by the build: the help
-# texts are the ones tests/test_cli_help.c proves complete against each
-# parser, so completion and man pages cannot drift from the options the
-# commands take (tests/test_cli_docs.c checks the generated files).
+# --help texts of the binaries just built.  Run by the build: each --help
+# is printed from the same option table getopt_long parses with (kwarmd:
+# daemon/main.c; kwarm: each command's kw__cli_cmd, cli/cli_opt.c), so
+# completion and man pages cannot drift from the options the commands
+# take (tests/test_cli_help.c probes the parsers against the files).
 set -eu
 kwarm=$1 kwarmd=$2 out=$3
 mkdir -p "$out"
@@ -37,7 +38,7 @@ flags() {
     echo '        return'
     echo '    fi'
     echo '    case $prev in'
-    echo '        --model|--deploy|--cache|--socket|--remote-key-file|-o|--compile-helper)'
+    echo '        --model|--deploy|--cache|--socket|--remote-key-file|-o|--output|--compile-helper|--against)'
     echo '            COMPREPLY=($(compgen -f -- "$cur")); return ;;'
     echo '    esac'
     echo '    case $cmd in'
