@@ -197,9 +197,9 @@ void kw_cache_count(kw_cache *c, kw_cache_counter which, uint64_t n)
         return;
     pthread_mutex_lock(&c->pend_mu);
     if (which == KW_CACHE_COMPILES)
-        c->pend.compiles += n;
+        c->pend.cnt.compiles += n;
     else if (which == KW_CACHE_COMPILE_FAILURES)
-        c->pend.compile_failures += n;
+        c->pend.cnt.compile_failures += n;
     pthread_mutex_unlock(&c->pend_mu);
 }
 
@@ -240,10 +240,10 @@ int kw_cache_stats_get(kw_cache *c, kw_cache_stats *out)
     }
     if (rc == 0) {
         pthread_mutex_lock(&c->pend_mu);
-        s.hits += c->pend.hits;
-        s.misses += c->pend.misses;
-        s.compiles += c->pend.compiles;
-        s.compile_failures += c->pend.compile_failures;
+        s.hits += c->pend.cnt.hits;
+        s.misses += c->pend.cnt.misses;
+        s.compiles += c->pend.cnt.compiles;
+        s.compile_failures += c->pend.cnt.compile_failures;
         pthread_mutex_unlock(&c->pend_mu);
         s.read_only = c->read_only;
         *out = s;

@@ -63,12 +63,17 @@ typedef struct kw__cache_hit {
     bool used;
 } kw__cache_hit;
 
+/* The counters of "stats" that are recorded in memory first. */
+typedef struct kw__cache_counts {
+    uint64_t hits, misses, compiles, compile_failures;
+} kw__cache_counts;
+
 /* Hits and counters not yet written: an open-addressing table of
  * KW__CACHE_PENDING_CAP slots (NULL on a read-only handle). */
 typedef struct kw__cache_pending {
     kw__cache_hit *slots;
     size_t n; /* used slots */
-    uint64_t hits, misses, compiles, compile_failures;
+    kw__cache_counts cnt;
 } kw__cache_pending;
 
 /* The decoded "meta" record. */
@@ -293,6 +298,16 @@ void kw__cache_overlay_hits(kw_cache *c, const uint8_t *digest,
 /* Queues a corrupt digest for the next flush (defer_writes).  Dropped
  * when the queue is full: the next get queues it again. */
 void kw__cache_queue_corrupt(kw_cache *c, const uint8_t *digest);
+
+/* Runs fn as kw__cache_write() does, and adds the counters recorded in
+ * memory so far (hits, misses, compiles, compile failures) to "stats" in
+ * the same transaction, so a put commits them with its entry and a
+ * writer killed later loses only what it counted after its last put.
+ * Holds flush_mu throughout, as a flush does, so kw_cache_stats_get()
+ * never sees a counter both in memory and on disk, or in neither; when
+ * the write fails the counters go back to memory. */
+int kw__cache_write_counted(kw_cache *c, kw__cache_txn_fn fn, void *arg,
+                            uint64_t need);
 
 /* --- hint.c --- */
 

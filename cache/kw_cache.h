@@ -15,6 +15,17 @@
  * in one transaction (kw_cache_close() flushes; the daemon flushes on a
  * timer).  The LRU order is therefore as fresh as the last flush.
  *
+ * Counters after a crash: entries, bytes and evictions change in the
+ * transaction that changes the entries, and "compiles" is counted in the
+ * transaction that stores the compiled entry (kw_cache_item.compiled).
+ * Hits, misses and compile failures are counted in memory and written
+ * by the next write transaction of the handle (a put carries them, or a
+ * flush); a writer killed (SIGKILL, a crash, an unhandled Ctrl-C) loses
+ * those it counted after its last commit, and per-entry hit counts and
+ * last-used times since its last flush.  So on a cache that only
+ * compiles (no fleet tier, no evictions), entries == compiles however
+ * its writers ended.
+ *
  * The size limit (max_size) is stored in the cache when it is created and
  * every opener uses the stored value; only kw_cache_resize() changes it.
  * Nothing is evicted for size while it is pinned (per entry, or in a named
@@ -176,6 +187,11 @@ typedef struct kw_cache_item {
     const void *blob;
     size_t len;
     bool pin;
+    bool compiled; /* blob was compiled for this put: "compiles" counts it
+                      in the write transaction that stores the entry (or
+                      finds it already stored by a racing writer), so a
+                      crash never leaves entries without their compiles;
+                      a put that fails counts nothing */
 } kw_cache_item;
 
 /* Stores n entries in one write transaction (one commit, one fsync: a
@@ -348,11 +364,13 @@ int kw_cache_find_prefix(kw_cache *c, const char *hex,
 
 /* Counters the cache cannot see by itself (compiles are the caller's). */
 typedef enum kw_cache_counter {
-    KW_CACHE_COMPILES,
+    KW_CACHE_COMPILES, /* a compile whose result is not put here; one that
+                          is put counts through kw_cache_item.compiled */
     KW_CACHE_COMPILE_FAILURES,
 } kw_cache_counter;
 
-/* Adds n to a counter (recorded with the next flush).  Thread-safe. */
+/* Adds n to a counter, in memory: the next put or flush of c writes it
+ * (a crash before then loses it).  Thread-safe. */
 void kw_cache_count(kw_cache *c, kw_cache_counter which, uint64_t n);
 
 /* Writes recorded hits, misses and counters in one transaction, then

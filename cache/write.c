@@ -102,6 +102,7 @@ typedef struct put_req {
     const void *blob;
     size_t len;
     kw__cache_meta m;
+    bool compiled; /* count a compile with it (kw_cache_item.compiled) */
     bool stored;
 } put_req;
 
@@ -196,7 +197,7 @@ static int put_fn(kw_cache *c, MDB_txn *txn, void *arg)
     int rc = kw__cache_mdb(c, "mdb_get(meta)", mdb_get(txn, c->meta, &k, &d));
     r->stored = false;
     if (rc == 0) /* already there: leave it, as MDB_NOOVERWRITE would */
-        return 0;
+        return r->compiled ? kw__cache_stat_add(c, txn, "compiles", 1) : 0;
     if (rc != KW_ENOTFOUND || (rc = make_room(c, txn, r->len)) < 0 ||
         (rc = fit_map(c, txn, r->len)) < 0)
         return rc;
@@ -213,6 +214,10 @@ static int put_fn(kw_cache *c, MDB_txn *txn, void *arg)
     }
     if (rc == 0)
         rc = kw__cache_stat_add(c, txn, "bytes", (int64_t)r->len);
+    /* The compile is counted by the transaction that stores its entry, so
+     * no crash can leave the one without the other. */
+    if (rc == 0 && r->compiled)
+        rc = kw__cache_stat_add(c, txn, "compiles", 1);
     r->stored = rc == 0;
     return rc;
 }
@@ -251,7 +256,7 @@ int kw_cache_put(kw_cache *c, const uint8_t digest[KW_CACHE_DIGEST_LEN],
         *stored = false;
     int rc = put_prepare(c, &r, digest, info, blob, len, pin);
     if (rc == 0)
-        rc = kw__cache_write(c, put_fn, &r, len);
+        rc = kw__cache_write_counted(c, put_fn, &r, len);
     if (rc == 0 && stored)
         *stored = r.stored;
     return rc;
@@ -284,16 +289,18 @@ int kw_cache_put_many(kw_cache *c, const kw_cache_item *items, size_t n,
         const kw_cache_item *it = &items[i];
         rcs[i] = put_prepare(c, &r[ok], it->digest, it->info, it->blob, it->len,
                              it->pin);
-        if (rcs[i] == 0)
+        if (rcs[i] == 0) {
+            r[ok].compiled = it->compiled;
             bytes += r[ok++].len;
+        }
     }
     batch_req b = {r, ok};
-    int rc = ok > 0 ? kw__cache_write(c, batch_fn, &b, bytes) : 0;
+    int rc = ok > 0 ? kw__cache_write_counted(c, batch_fn, &b, bytes) : 0;
     /* The whole batch failed (one put could not fit, say): each alone, so
      * every item gets its own answer and one item's failure is its own. */
     for (size_t i = 0, j = 0; rc < 0 && i < n; i++)
         if (rcs[i] == 0) {
-            rcs[i] = kw__cache_write(c, put_fn, &r[j], r[j].len);
+            rcs[i] = kw__cache_write_counted(c, put_fn, &r[j], r[j].len);
             j++;
         }
     free(r);
