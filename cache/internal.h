@@ -8,7 +8,8 @@
  * retry loop), read.c (get, borrow, contains, foreach, corrupt entries),
  * flush.c (hits recorded in memory and their flush), pins.c (named pin
  * sets), protect.c (guards, plans, pinned totals), hint.c (hits without
- * B-tree lookups), prefix.c (digest prefixes).
+ * B-tree lookups), prefix.c (digest prefixes), claim.c (claims on digests
+ * across processes: byte-range locks on DIR/claims, beside LMDB's files).
  *
  * On-disk layout: one LMDB environment, six named databases.
  *   "meta"  digest (32 bytes) -> metadata record (record.c, versioned,
@@ -132,6 +133,11 @@ struct kw_cache {
     /* hints[i] is guarded by hint_mu[i % KW__CACHE_HINT_LOCKS]. */
     kw__cache_hint *hints;
     pthread_mutex_t hint_mu[KW__CACHE_HINT_LOCKS];
+
+    /* Set at open, read-only after (claim.c): DIR/claims, or NULL when
+     * claims are off, and then why ("" when on, or read-only). */
+    char *claims_path;
+    char claims_note[320];
 };
 
 #define KW__CACHE_ERRLEN 192 /* kw_cache_last_error() text, NUL included */
@@ -329,6 +335,13 @@ bool kw__cache_hint_get(kw_cache *c, const uint8_t *digest, uint64_t txnid,
  * unless the slot holds a newer hint of the same digest. */
 void kw__cache_hint_put(kw_cache *c, const uint8_t *digest, uint64_t txnid,
                         const void *data, const kw__cache_meta *m);
+
+/* --- claim.c --- */
+
+/* Creates DIR/claims for a writable handle and records its path, or why
+ * claims are off (never fails: a cache works without claims). */
+void kw__cache_claims_init(kw_cache *c, const char *dir);
+void kw__cache_claims_destroy(kw_cache *c);
 
 /* --- read.c --- */
 

@@ -350,6 +350,42 @@ int kw_cache_plan_get(kw_cache *c,
                       const uint8_t (*digests)[KW_CACHE_DIGEST_LEN], size_t n,
                       kw_cache_plan *plan);
 
+/* --- Claims across processes (a compile per key between writers) --- */
+
+typedef struct kw_cache_claim kw_cache_claim;
+
+/* Asked while a claim waits: true stops the wait. */
+typedef bool (*kw_cache_stop_fn)(void *arg);
+
+/* Claims digest for the caller against every other claim of it on this
+ * cache directory, in any process (this one included): a byte-range lock
+ * on DIR/claims (an open file description's, F_OFD_SETLK) that the
+ * kernel releases when the holder dies, SIGKILL included.  A writer
+ * claims a missing key before compiling it, checks the cache again once
+ * it holds the claim (another holder may have stored it meanwhile), and
+ * keeps the claim until the entry is committed.  wait: poll until the
+ * claim is free, asking stop(arg) (may be NULL) between tries.
+ * Returns 0 with *out the claim, or with *out NULL when this handle has
+ * no claims (read-only, or DIR/claims could not be made:
+ * kw_cache_claims_note()) or the claim could not be taken for a reason
+ * other than a holder (EMFILE, ENOLCK): the caller then goes on
+ * unclaimed; -EAGAIN when another holds it and wait is false;
+ * -ECANCELED when stop said so; KW_ENOMEM; KW_EINVAL.  Thread-safe. */
+int kw_cache_claim_take(kw_cache *c,
+                        const uint8_t digest[KW_CACHE_DIGEST_LEN], bool wait,
+                        kw_cache_stop_fn stop, void *arg,
+                        kw_cache_claim **out);
+
+/* Releases and frees a claim (NULL is a no-op).  May be called from any
+ * thread, and after kw_cache_close() of its handle. */
+void kw_cache_claim_drop(kw_cache_claim *cl);
+
+/* Why a writable handle takes no claims (DIR/claims could not be
+ * created: "DIR/claims: Permission denied: ..."), for a one-line note;
+ * NULL when it takes them, or when the handle is read-only.  Valid until
+ * kw_cache_close(). */
+const char *kw_cache_claims_note(const kw_cache *c);
+
 /* --- Digest prefixes --- */
 
 /* Resolves a hex prefix (upper or lower case) of KW_CACHE_PREFIX_MIN..64

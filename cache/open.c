@@ -339,6 +339,7 @@ int kw_cache_open(kw_cache **out, const kw_cache_opts *opts, char *err,
         kw__cache_destroy(c);
         return rc;
     }
+    kw__cache_claims_init(c, opts->dir);
     *out = c;
     return 0;
 }

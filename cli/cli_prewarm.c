@@ -230,6 +230,8 @@ static int prewarm_keys(const kw_keys_set *set, const prewarm_opts *o)
     if (rc != KW_CLI_OK)
         return rc;
     note_max_size(c, o);
+    if (kw_cache_claims_note(c) != NULL) /* works, without single flight */
+        kw__cli_err("prewarm", "note: no claims: %s", kw_cache_claims_note(c));
     if (set->nkeys > 0 && kw_warm_plan_check(c, set->keys, set->nkeys, err,
                                              sizeof err) < 0) {
         kw__cli_err("prewarm", "%s: %s", o->cache, err);
