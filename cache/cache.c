@@ -174,6 +174,7 @@ void kw__cache_destroy(kw_cache *c)
     kw__cache_pending_destroy(c);
     kw__cache_hints_destroy(c);
     kw__cache_claims_destroy(c);
+    free(c->dir);
     for (int i = 0; i < KW__CACHE_HINT_LOCKS; i++)
         pthread_mutex_destroy(&c->hint_mu[i]);
     pthread_mutex_destroy(&c->prot_mu);

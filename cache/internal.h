@@ -46,6 +46,13 @@
  * returned through kw_cache.h. */
 #define KW__CACHE_EMAPFULL (-1999)
 
+/* Returned by write_once (write.c) when a commit could not write its
+ * pages: ENOSPC, EDQUOT, or EIO, which LMDB reports for a short write to
+ * a full filesystem.  The write loop evicts and retries as for
+ * MDB_MAP_FULL, then reports KW_EDISKFULL.  Never returned through
+ * kw_cache.h. */
+#define KW__CACHE_EDISK (-1998)
+
 #define KW__CACHE_FORMAT 1         /* "format" in "stats"; record version */
 #define KW__CACHE_PENDING_MAX 4096 /* digests waiting before get flushes */
 #define KW__CACHE_PENDING_CAP 8192 /* table slots: a power of two, 2 x MAX */
@@ -95,6 +102,7 @@ typedef struct kw__cache_hint {
 } kw__cache_hint;
 
 struct kw_cache {
+    char *dir;   /* opts.dir, copied: named in failures of the disk */
     MDB_env *env;
     MDB_dbi meta, blob, lru, stats; /* valid for the env's lifetime */
     MDB_dbi pins, pinidx;           /* valid when has_pins */

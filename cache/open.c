@@ -335,7 +335,10 @@ int kw_cache_open(kw_cache **out, const kw_cache_opts *opts, char *err,
                          kw_strerror(rc));
     c->read_only = ro;
     c->defer_writes = opts->defer_writes;
-    if ((rc = open_handle(c, opts, max, err, errlen)) < 0) {
+    if ((c->dir = strdup(opts->dir)) == NULL)
+        rc = open_fail(KW_ENOMEM, err, errlen, "cache %s: %s", opts->dir,
+                       kw_strerror(KW_ENOMEM));
+    if (rc < 0 || (rc = open_handle(c, opts, max, err, errlen)) < 0) {
         kw__cache_destroy(c);
         return rc;
     }

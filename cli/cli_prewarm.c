@@ -69,9 +69,20 @@ typedef struct tally {
     pthread_cond_t cond;
     size_t count[KW_WARM_CANCELLED + 1];
     size_t done, total;
+    size_t unstored;       /* compiled, but the cache had no room */
+    char unstored_why[512]; /* the first such key's reason */
     bool finished;
     kw__cli_progress progress;
 } tally;
+
+/* True for a key that compiled but could not be stored for lack of room:
+ * the disk, or the cache's limit.  Said once per run (report), not per
+ * key: every such key has the same cause. */
+static bool no_room(const kw_warm_result *r)
+{
+    return r->status == KW_WARM_FAILED &&
+           (r->rc == KW_EDISKFULL || r->rc == KW_ENOSPC);
+}
 
 /* warm's callback: count, print a failure, draw progress. */
 static void on_result(const kw_warm_result *r, void *arg)
@@ -79,8 +90,11 @@ static void on_result(const kw_warm_result *r, void *arg)
     tally *t = arg;
     t->count[r->status]++;
     t->done++;
-    if (r->status == KW_WARM_FAILED &&
-        t->count[KW_WARM_FAILED] <= KW_CLI_MAX_FAILS) {
+    if (no_room(r) && t->unstored++ == 0)
+        snprintf(t->unstored_why, sizeof t->unstored_why, "%s",
+                 r->log ? r->log : kw_strerror(r->rc));
+    if (r->status == KW_WARM_FAILED && !no_room(r) &&
+        t->count[KW_WARM_FAILED] - t->unstored <= KW_CLI_MAX_FAILS) {
         char hex[KW_KEYS_HEX_LEN];
         kw_keys_hex(r->key->digest, hex);
         kw__cli_print_failure("prewarm", kw_keys_family_name(r->key->family),
@@ -145,9 +159,17 @@ static int report(kw_cache *c, const tally *t, const kw_keys_set *set,
 {
     size_t failed = t->count[KW_WARM_FAILED];
     size_t cancelled = t->count[KW_WARM_CANCELLED];
-    if (failed > KW_CLI_MAX_FAILS)
+    if (failed - t->unstored > KW_CLI_MAX_FAILS)
         kw__cli_err("prewarm", "... and %zu more failures",
-                    failed - KW_CLI_MAX_FAILS);
+                    failed - t->unstored - KW_CLI_MAX_FAILS);
+    if (t->unstored > 0) { /* "store: " is the stage: the line says so */
+        const char *why = t->unstored_why;
+        why += strncmp(why, "store: ", 7) == 0 ? 7 : 0;
+        bool named = strstr(why, o->cache) != NULL; /* the disk's names it */
+        kw__cli_err("prewarm", "%zu keys compiled but not stored%s%s: %s",
+                    t->unstored, named ? "" : " in ", named ? "" : o->cache,
+                    why);
+    }
     if (o->json) {
         printf("{\"keys\": %zu, \"hits\": %zu, \"remote_hits\": %zu, "
                "\"compiled\": %zu, \"failed\": %zu, \"cancelled\": %zu, "

@@ -99,9 +99,54 @@ Test(tmpfs, full_filesystem_fails_clearly_without_corruption, .init = setup,
     char *err = NULL;
     int st = prewarm(V4, "8", "all", "64M", &err);
     cr_expect_eq(st, 1, "a prewarm that cannot store exits 1");
-    cr_expect(strstr(err, "disk full") != NULL || strstr(err, "No space") != NULL,
+    cr_expect(strstr(err, "is on a full disk") != NULL,
               "stderr does not say the disk is full: %s", err);
     free(err);
     kw_cache_stats s = verify_all();
     cr_expect_gt(s.entries, 0, "what fitted was kept");
+}
+
+/* Lines of s holding needle. */
+static int lines_with(const char *s, const char *needle)
+{
+    int n = 0;
+    for (const char *p = s; (p = strstr(p, needle)) != NULL; p++)
+        n++;
+    return n;
+}
+
+/* A full disk, and nothing pinned: one line for the run names the cache
+ * and the number of keys not stored, and blames the disk, not pins or a
+ * buffer (issue 24).  Compiles are instant 200 KB stand-ins: six fit in
+ * 1.5 MB, V3.2's other 20 keys do not. */
+Test(tmpfs, full_disk_is_one_line_naming_the_cache_and_the_keys_not_stored,
+     .init = setup, .fini = teardown, .timeout = 120)
+{
+    mount_small(1500);
+    cr_assert_eq(setenv("KWARM_TEST_INSTANT_COMPILE", "204800", 1), 0);
+    const char *argv[] = {KW_KWARM_BIN, "prewarm", "--model", V32, "--cache",
+                          cache, "--max-size", "64M", "--jobs", "2", "--json",
+                          "--quiet", NULL};
+    char *out = NULL, *err = NULL;
+    int st = kw_test_run(argv, &out, &err);
+    cr_expect_eq(st, 1, "a prewarm that cannot store exits 1");
+    long failed = -1;
+    const char *f = out ? strstr(out, "\"failed\": ") : NULL;
+    cr_assert(f != NULL && sscanf(f, "\"failed\": %ld", &failed) == 1,
+              "stdout: %s", out);
+    cr_expect_gt(failed, 0);
+    char want[256];
+    snprintf(want, sizeof want, "kwarm prewarm: %ld keys compiled but not "
+             "stored: no space left on the cache's disk: %s is on a full "
+             "disk", failed, cache);
+    cr_expect_eq(lines_with(err, want), 1, "stderr: %s", err);
+    cr_expect_eq(lines_with(err, "\n"), 1, "one line (--quiet: no "
+                 "progress): %s", err);
+    cr_expect_eq(lines_with(err, "pinned"), 0, "nothing was pinned: %s", err);
+    cr_expect_eq(lines_with(err, "buffer"), 0, "%s", err);
+    free(out);
+    free(err);
+    kw_cache_stats s = verify_all();
+    cr_expect_eq(s.entries + (uint64_t)failed, 26, "what fitted was kept");
+    cr_expect_eq(s.compiles, s.entries);
 }
