@@ -164,6 +164,11 @@ int kw__cache_mdb(kw_cache *c, const char *op, int rc);
 void kw__cache_set_error(kw_cache *c, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* Refuses a write on a read-only handle: records "DIR is read-only" for
+ * kw_cache_last_error(), so that a refusal passed on (kwarmd's replies to
+ * resize and evict) has a reason, and returns KW_EROFS. */
+int kw__cache_refuse_ro(kw_cache *c);
+
 /* A fresh tick: CLOCK_REALTIME ns, above every tick handed out before.
  * The coarse one reads CLOCK_REALTIME_COARSE (a few ms of resolution, a
  * tenth of the cost): enough to order hits for LRU. */

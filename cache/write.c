@@ -255,7 +255,7 @@ static int put_prepare(kw_cache *c, put_req *r, const uint8_t *digest,
         (info && !kw__cache_info_ok(info)))
         return KW_EINVAL;
     if (c->read_only)
-        return KW_EROFS;
+        return kw__cache_refuse_ro(c);
     *r = (put_req){.digest = digest, .blob = blob, .len = len};
     if (info)
         r->m.info = *info;
@@ -344,7 +344,7 @@ int kw_cache_remove(kw_cache *c, const uint8_t digest[KW_CACHE_DIGEST_LEN])
     if (!c || !digest)
         return KW_EINVAL;
     if (c->read_only)
-        return KW_EROFS;
+        return kw__cache_refuse_ro(c);
     return kw__cache_write(c, remove_fn, (void *)digest, 0);
 }
 
@@ -383,7 +383,7 @@ int kw_cache_pin(kw_cache *c, const uint8_t digest[KW_CACHE_DIGEST_LEN],
     if (!c || !digest)
         return KW_EINVAL;
     if (c->read_only)
-        return KW_EROFS;
+        return kw__cache_refuse_ro(c);
     pin_req r = {digest, pinned};
     return kw__cache_write(c, pin_fn, &r, 0);
 }
@@ -414,6 +414,6 @@ int kw_cache_resize(kw_cache *c, uint64_t max_size)
     if (!c || max_size < KW_CACHE_MIN_SIZE || max_size > KW_CACHE_MAX_SIZE)
         return KW_EINVAL;
     if (c->read_only)
-        return KW_EROFS;
+        return kw__cache_refuse_ro(c);
     return kw__cache_write(c, resize_fn, &max_size, 0);
 }
