@@ -69,6 +69,7 @@ typedef struct tally {
     pthread_cond_t cond;
     size_t count[KW_WARM_CANCELLED + 1];
     size_t done, total;
+    int interrupted;       /* the signal that stopped it (SIGINT), or 0 */
     size_t unstored;       /* compiled, but the cache had no room */
     char unstored_why[512]; /* the first such key's reason */
     bool finished;
@@ -121,6 +122,12 @@ static double now(void)
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+/* kw__cli_interrupt's stop: cancels the warm (arg). */
+static void stop_warm(void *arg)
+{
+    kw_warm_cancel(arg);
+}
+
 /* Runs the keys through a warm pipeline on c; fills t.  Returns an exit
  * code (the pipeline could not start: 1). */
 static int run_warm(kw_cache *c, kw_remote *remote, const kw_keys_set *set,
@@ -132,20 +139,29 @@ static int run_warm(kw_cache *c, kw_remote *remote, const kw_keys_set *set,
                        .verify_hits = true};
     kw_warm *w = NULL;
     char err[512];
+    kw__cli_interrupt in; /* before warm's threads: they inherit its mask */
+    bool catching = kw__cli_interrupt_start(&in) == 0;
     int rc = kw_warm_open(&w, &wo, err, sizeof err);
     if (rc < 0) {
+        if (catching)
+            kw__cli_interrupt_stop(&in);
         kw__cli_err("prewarm", "%s", err);
         return KW_CLI_RUNTIME;
     }
     t->total = set->nkeys;
     kw__cli_progress_init(&t->progress, "prewarm", o->quiet);
+    /* Ctrl-C: the rest is cancelled, what is stored stays, report says so */
+    kw__cli_interrupt_arm(&in, stop_warm, w);
     rc = kw_warm_submit(w, set->keys, set->nkeys, KW_WARM_PROTECT, on_result, t,
                         NULL);
     pthread_mutex_lock(&t->lock);
     while (rc == 0 && !t->finished)
         pthread_cond_wait(&t->cond, &t->lock);
     pthread_mutex_unlock(&t->lock);
+    kw__cli_interrupt_arm(&in, NULL, NULL);
     kw_warm_close(w);
+    if (catching)
+        t->interrupted = kw__cli_interrupt_stop(&in);
     if (rc < 0) {
         kw__cli_err("prewarm", "%s", kw_strerror(rc));
         return KW_CLI_RUNTIME;
@@ -170,6 +186,14 @@ static int report(kw_cache *c, const tally *t, const kw_keys_set *set,
                     t->unstored, named ? "" : " in ", named ? "" : o->cache,
                     why);
     }
+    if (t->interrupted != 0) /* the signal that stopped it, and where */
+        kw__cli_err("prewarm", "interrupted (%s): %zu of %zu keys settled "
+                    "(%zu compiled, %zu hits, %zu failed), %zu cancelled; "
+                    "what was stored is kept, a rerun finishes the rest",
+                    t->interrupted == SIGINT ? "SIGINT" : "SIGTERM",
+                    t->done - cancelled, set->nkeys, t->count[KW_WARM_COMPILED],
+                    t->count[KW_WARM_HIT] + t->count[KW_WARM_REMOTE_HIT],
+                    failed, cancelled);
     if (o->json) {
         printf("{\"keys\": %zu, \"hits\": %zu, \"remote_hits\": %zu, "
                "\"compiled\": %zu, \"failed\": %zu, \"cancelled\": %zu, "
