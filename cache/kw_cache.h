@@ -150,6 +150,13 @@ void kw_cache_close(kw_cache *c);
 /* True when c never writes (opts.read_only, or auto_read_only fell back). */
 bool kw_cache_is_read_only(const kw_cache *c);
 
+/* True when asked (a limit given to this open; 0: none given) is not the
+ * limit in force: the one stored in the cache, which every opener uses and
+ * only kw_cache_resize() changes.  *stored (may be NULL) gets that limit.
+ * For the one warning a command prints ("--max-size X not applied"); false
+ * when the limit cannot be read. */
+bool kw_cache_limit_differs(kw_cache *c, uint64_t asked, uint64_t *stored);
+
 /* Stores a new size limit in the cache (every handle, in every process,
  * uses it from its next write) and, when the cache is now over it, evicts
  * LRU entries that are neither pinned nor protected.  Lowering takes

@@ -347,6 +347,16 @@ int kw_cache_open(kw_cache **out, const kw_cache_opts *opts, char *err,
     return 0;
 }
 
+bool kw_cache_limit_differs(kw_cache *c, uint64_t asked, uint64_t *stored)
+{
+    kw_cache_stats st;
+    if (c == NULL || asked == 0 || kw_cache_stats_get(c, &st) < 0)
+        return false;
+    if (stored != NULL)
+        *stored = st.max_size;
+    return st.max_size != asked;
+}
+
 bool kw_cache_is_read_only(const kw_cache *c)
 {
     return c && c->read_only;

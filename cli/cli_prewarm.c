@@ -235,15 +235,14 @@ static int open_stores(const prewarm_opts *o, kw_cache **c, kw_remote **r)
  * it), and a silent --max-size would look obeyed. */
 static void note_max_size(kw_cache *c, const prewarm_opts *o)
 {
-    kw_cache_stats st;
-    if (o->max_size == 0 || kw_cache_stats_get(c, &st) < 0 ||
-        st.max_size == o->max_size)
+    uint64_t stored;
+    if (!kw_cache_limit_differs(c, o->max_size, &stored))
         return;
     kw__cli_err("prewarm", "warning: --max-size %llu not applied: %s already "
                 "stores a limit of %llu bytes, which stays in force (kwarm "
                 "resize --cache %s SIZE changes it)",
                 (unsigned long long)o->max_size, o->cache,
-                (unsigned long long)st.max_size, o->cache);
+                (unsigned long long)stored, o->cache);
 }
 
 /* Says so when --remote was given but every call to it failed: the keys
