@@ -426,6 +426,9 @@ Test(cache, map_full_under_a_long_reader_fails_cleanly_then_recovers)
                  kw_err_name(rc));
     cr_assert(strstr(kw_cache_last_error(c), "MDB_MAP_FULL"), "%s",
               kw_cache_last_error(c));
+    /* the map is full, not the disk (issue 24: KW_EDISKFULL is the disk's) */
+    cr_expect(strstr(kw_cache_last_error(c), "disk") == NULL, "%s",
+              kw_cache_last_error(c));
     cr_assert_eq(tc_get_check(c, 0, 1000), 0, "reads still work");
     pthread_mutex_lock(&p.mu);
     p.release = true;
