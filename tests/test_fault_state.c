@@ -29,7 +29,7 @@
 #define HANG "indexer_logits" /* 2 of V32's 26 default keys */
 #define POLL_MS 60000
 
-static char tmpdir[64], cache[128];
+static char tmpdir[64], cache[256];
 
 static void setup(void)
 {
@@ -403,7 +403,7 @@ Test(prewarm_claims, without_a_claims_file_a_prewarm_works_and_says_so,
 {
     long all, hang;
     count_keys(&all, &hang);
-    char path[200];
+    char path[300];
     cr_assert_eq(mkdir(cache, 0700), 0);
     snprintf(path, sizeof path, "%s/claims", cache);
     cr_assert_eq(mkdir(path, 0700), 0); /* cannot be opened as a file */
@@ -415,4 +415,42 @@ Test(prewarm_claims, without_a_claims_file_a_prewarm_works_and_says_so,
     free(out);
     free(err);
     expect_each_once(all);
+}
+
+/* kwarmd takes the same claims: its warmup's compiles of one family hang
+ * holding them, a prewarm of the cache waits for those keys, kwarmd is
+ * SIGKILLed, and the prewarm compiles them: each key once overall. */
+Test(prewarm_claims, a_prewarm_beside_a_sigkilled_kwarmd_compiles_what_it_held,
+     .init = setup, .fini = teardown, .timeout = 120)
+{
+    long all, hang;
+    count_keys(&all, &hang);
+    kwd d;
+    kwd_init(&d, "claims-d");
+    kwd_start(&d, 3, (const char *const[]){"--compile-timeout", "600", NULL});
+    const char *args[] = {"warmup", "--model", V32, "--socket", d.sock,
+                          "--quiet", NULL};
+    pid_t client = spawn_kwarm(args);
+    wait_entries(d.cache, (uint64_t)(all - hang), d.pid);
+    snprintf(cache, sizeof cache, "%s", d.cache); /* prewarm_json's */
+    kw_cache_opts o = {.dir = cache};
+    kw_cache *c = NULL;
+    char err[256];
+    cr_assert_eq(kw_cache_open(&c, &o, err, sizeof err), 0, "%s", err);
+    cr_expect_eq(claims_held(c), hang, "kwarmd holds its hung keys' claims");
+    kw_cache_close(c);
+    cr_assert_eq(unsetenv("KWARM_TEST_HANG_FAMILY"), 0);
+    kw_test_proc p;
+    cr_assert_eq(kw_test_spawn(prewarm_json, &p), 0);
+    kill_and_reap(d.pid, SIGKILL);
+    d.pid = 0;
+    int ws;
+    cr_assert_eq(waitpid(client, &ws, 0), client);
+    kwd_track(client, false);
+    char *doc = prewarm_done(&p);
+    cr_expect_eq(json_num(doc, "compiled"), hang, "what kwarmd left");
+    cr_expect_eq(json_num(doc, "hits"), all - hang, "what kwarmd stored");
+    free(doc);
+    expect_each_once(all);
+    kwd_forget(&d);
 }
