@@ -252,6 +252,9 @@ static int start(kw__daemon *d, char *err, size_t errlen)
                "(kwarm resize SIZE changes it)",
                (unsigned long long)o->max_size, o->cache_dir,
                (unsigned long long)stored);
+    /* served, but a prewarm beside it may compile a key kwarmd compiles */
+    if (rc == 0 && kw_cache_claims_note(d->cache) != NULL)
+        KW_LOG(KW_LOG_WARNING, "no claims: %s", kw_cache_claims_note(d->cache));
     bool ro = rc == 0 && kw_cache_is_read_only(d->cache);
     d->read_only = ro;
     if (ro) /* serves hits, compiles nothing; kwarmd writes nothing there */

@@ -1,7 +1,9 @@
 /* test_daemon_settings.c: a setting given to kwarmd that is not the one in
  * force is said, as prewarm says it (issue 24): --max-size on a cache
  * that already stores another limit.  The limit in force, given again, or
- * no --max-size at all, says nothing. */
+ * no --max-size at all, says nothing.  A cache where no claims file can
+ * be made is served, with one line saying single flight with other
+ * processes is off. */
 #include "daemon_util.h"
 
 TestSuite(daemon_settings, .fini = kwd_cleanup);
@@ -37,5 +39,19 @@ Test(daemon_settings, max_size_on_a_cache_of_another_limit_is_said_not_applied)
     log = log_of_start(&d, (const char *const[]){"--max-size", "1G", NULL});
     cr_expect(strstr(log, "not applied") == NULL, "the limit in force: %s",
               log);
+    free(log);
+}
+
+Test(daemon_settings, a_cache_without_claims_is_served_and_said_so)
+{
+    kwd d;
+    kwd_init(&d, "kwd-noclaims");
+    char path[300];
+    cr_assert_eq(mkdir(d.cache, 0700), 0);
+    snprintf(path, sizeof path, "%s/claims", d.cache);
+    cr_assert_eq(mkdir(path, 0700), 0); /* no file can be opened there */
+    char *log = log_of_start(&d, NULL);
+    cr_expect(strstr(log, "warn: no claims: ") != NULL &&
+                  strstr(log, path) != NULL, "%s", log);
     free(log);
 }
