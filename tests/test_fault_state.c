@@ -215,24 +215,36 @@ Test(crash_counters, prewarm_interrupted_half_way_says_so_and_has_a_compile_per_
     free(err);
 }
 
+/* A kwarmd (d) whose warmup of V32 stored every key but the hanging
+ * ones, which it holds on its workers; returns the warmup client's pid. */
+static pid_t hung_warmup(kwd *d, const char *tag, long all, long hang)
+{
+    kwd_init(d, tag);
+    kwd_start(d, 3, (const char *const[]){"--compile-timeout", "600", NULL});
+    const char *args[] = {"warmup", "--model", V32, "--socket", d->sock,
+                          "--quiet", NULL};
+    pid_t client = spawn_kwarm(args);
+    wait_entries(d->cache, (uint64_t)(all - hang), d->pid);
+    return client;
+}
+
+/* SIGKILLs the kwarmd of hung_warmup() and reaps its client. */
+static void kill_kwarmd(kwd *d, pid_t client)
+{
+    kill_and_reap(d->pid, SIGKILL);
+    d->pid = 0;
+    int ws;
+    cr_assert_eq(waitpid(client, &ws, 0), client); /* its daemon is gone */
+    kwd_track(client, false);
+}
+
 Test(crash_counters, kwarmd_sigkilled_mid_warmup_has_a_compile_per_entry,
      .init = setup, .fini = teardown, .timeout = 120)
 {
     long all, hang;
     count_keys(&all, &hang);
     kwd d;
-    kwd_init(&d, "crashcnt-d");
-    kwd_start(&d, 3, (const char *const[]){"--compile-timeout", "600", NULL});
-    const char *args[] = {"warmup", "--model", V32, "--socket", d.sock,
-                          "--quiet", NULL};
-    pid_t client = spawn_kwarm(args);
-    wait_entries(d.cache, (uint64_t)(all - hang), d.pid);
-    kill_and_reap(d.pid, SIGKILL);
-    kwd_track(d.pid, false);
-    d.pid = 0;
-    int ws;
-    cr_assert_eq(waitpid(client, &ws, 0), client); /* its daemon is gone */
-    kwd_track(client, false);
+    kill_kwarmd(&d, hung_warmup(&d, "crashcnt-d", all, hang));
     expect_agree(d.cache, all - hang);
     kwd_forget(&d);
 }
@@ -351,6 +363,28 @@ static long claims_held(kw_cache *c)
     return held;
 }
 
+/* Another process holds the claims of `hang` keys of the cache. */
+static void expect_claims_held(long hang)
+{
+    kw_cache_opts o = {.dir = cache};
+    kw_cache *c = NULL;
+    char err[256];
+    cr_assert_eq(kw_cache_open(&c, &o, err, sizeof err), 0, "%s", err);
+    cr_expect_eq(claims_held(c), hang, "claims held elsewhere");
+    kw_cache_close(c);
+}
+
+/* Prewarm p finished what a killed holder left: it compiled the `hang`
+ * keys the holder had claimed and found the others; each key once. */
+static void expect_finished_by(kw_test_proc *p, long all, long hang)
+{
+    char *doc = prewarm_done(p);
+    cr_expect_eq(json_num(doc, "compiled"), hang, "what the holder left");
+    cr_expect_eq(json_num(doc, "hits"), all - hang, "what it stored");
+    free(doc);
+    expect_each_once(all);
+}
+
 /* Prewarm A's compiles of one family hang, holding their claims; B
  * starts, A is killed (SIGKILL) holding them, and B compiles what A
  * left: each key once overall. */
@@ -364,21 +398,11 @@ Test(prewarm_claims, a_holder_sigkilled_leaves_its_keys_to_the_other_prewarm,
     pid_t a = spawn_kwarm(args);
     wait_entries(cache, (uint64_t)(all - hang), a);
     cr_assert_eq(unsetenv("KWARM_TEST_HANG_FAMILY"), 0);
-    /* A holds the claims of the keys it hangs on */
-    kw_cache_opts o = {.dir = cache};
-    kw_cache *c = NULL;
-    char err[256];
-    cr_assert_eq(kw_cache_open(&c, &o, err, sizeof err), 0, "%s", err);
-    cr_expect_eq(claims_held(c), hang);
-    kw_cache_close(c);
+    expect_claims_held(hang); /* A's, of the keys it hangs on */
     kw_test_proc b;
     cr_assert_eq(kw_test_spawn(prewarm_json, &b), 0);
     kill_and_reap(a, SIGKILL);
-    char *doc = prewarm_done(&b);
-    cr_expect_eq(json_num(doc, "compiled"), hang, "what A left");
-    cr_expect_eq(json_num(doc, "hits"), all - hang, "what A stored");
-    free(doc);
-    expect_each_once(all);
+    expect_finished_by(&b, all, hang);
 }
 
 Test(prewarm_claims, two_prewarms_at_once_compile_each_key_once_between_them,
@@ -426,31 +450,13 @@ Test(prewarm_claims, a_prewarm_beside_a_sigkilled_kwarmd_compiles_what_it_held,
     long all, hang;
     count_keys(&all, &hang);
     kwd d;
-    kwd_init(&d, "claims-d");
-    kwd_start(&d, 3, (const char *const[]){"--compile-timeout", "600", NULL});
-    const char *args[] = {"warmup", "--model", V32, "--socket", d.sock,
-                          "--quiet", NULL};
-    pid_t client = spawn_kwarm(args);
-    wait_entries(d.cache, (uint64_t)(all - hang), d.pid);
+    pid_t client = hung_warmup(&d, "claims-d", all, hang);
     snprintf(cache, sizeof cache, "%s", d.cache); /* prewarm_json's */
-    kw_cache_opts o = {.dir = cache};
-    kw_cache *c = NULL;
-    char err[256];
-    cr_assert_eq(kw_cache_open(&c, &o, err, sizeof err), 0, "%s", err);
-    cr_expect_eq(claims_held(c), hang, "kwarmd holds its hung keys' claims");
-    kw_cache_close(c);
+    expect_claims_held(hang);
     cr_assert_eq(unsetenv("KWARM_TEST_HANG_FAMILY"), 0);
     kw_test_proc p;
     cr_assert_eq(kw_test_spawn(prewarm_json, &p), 0);
-    kill_and_reap(d.pid, SIGKILL);
-    d.pid = 0;
-    int ws;
-    cr_assert_eq(waitpid(client, &ws, 0), client);
-    kwd_track(client, false);
-    char *doc = prewarm_done(&p);
-    cr_expect_eq(json_num(doc, "compiled"), hang, "what kwarmd left");
-    cr_expect_eq(json_num(doc, "hits"), all - hang, "what kwarmd stored");
-    free(doc);
-    expect_each_once(all);
+    kill_kwarmd(&d, client);
+    expect_finished_by(&p, all, hang);
     kwd_forget(&d);
 }
