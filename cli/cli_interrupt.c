@@ -32,6 +32,10 @@ static void *wait_main(void *arg)
     int sig = 0;
     while (sigwait(&set, &sig) != 0)
         ;
+    /* Never cancelled inside the stop (it may wait on the work's locks):
+     * kw__cli_interrupt_stop() cancels only at sigwait() or pause(). */
+    int old;
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
     pthread_mutex_lock(&in->mu);
     in->sig = sig;
     if (in->stop != NULL)
@@ -40,6 +44,7 @@ static void *wait_main(void *arg)
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
     pthread_sigmask(SIG_UNBLOCK, &set, NULL); /* only this thread takes it */
+    pthread_setcancelstate(old, NULL);
     for (;;)
         pause();
     return NULL;
