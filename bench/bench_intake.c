@@ -99,7 +99,7 @@ static int fill(const char *dir, const kw_keys_set *set)
         for (size_t j = 0; j < n; j++) {
             info_of(&set->keys[i + j], &infos[j]);
             items[j] = (kw_cache_item){set->keys[i + j].digest, &infos[j], blob,
-                                       sizeof blob, false};
+                                       sizeof blob, false, false};
         }
         rc = kw_cache_put_many(c, items, n, rcs);
     }

@@ -173,12 +173,20 @@ void kw__cache_destroy(kw_cache *c)
         last_err.owner = NULL;
     kw__cache_pending_destroy(c);
     kw__cache_hints_destroy(c);
+    kw__cache_claims_destroy(c);
+    free(c->dir);
     for (int i = 0; i < KW__CACHE_HINT_LOCKS; i++)
         pthread_mutex_destroy(&c->hint_mu[i]);
     pthread_mutex_destroy(&c->prot_mu);
     pthread_mutex_destroy(&c->pend_mu);
     pthread_mutex_destroy(&c->flush_mu);
     free(c);
+}
+
+int kw__cache_refuse_ro(kw_cache *c)
+{
+    kw__cache_set_error(c, "%s is read-only", c->dir);
+    return KW_EROFS;
 }
 
 void kw_cache_close(kw_cache *c)
@@ -197,9 +205,9 @@ void kw_cache_count(kw_cache *c, kw_cache_counter which, uint64_t n)
         return;
     pthread_mutex_lock(&c->pend_mu);
     if (which == KW_CACHE_COMPILES)
-        c->pend.compiles += n;
+        c->pend.cnt.compiles += n;
     else if (which == KW_CACHE_COMPILE_FAILURES)
-        c->pend.compile_failures += n;
+        c->pend.cnt.compile_failures += n;
     pthread_mutex_unlock(&c->pend_mu);
 }
 
@@ -240,10 +248,10 @@ int kw_cache_stats_get(kw_cache *c, kw_cache_stats *out)
     }
     if (rc == 0) {
         pthread_mutex_lock(&c->pend_mu);
-        s.hits += c->pend.hits;
-        s.misses += c->pend.misses;
-        s.compiles += c->pend.compiles;
-        s.compile_failures += c->pend.compile_failures;
+        s.hits += c->pend.cnt.hits;
+        s.misses += c->pend.cnt.misses;
+        s.compiles += c->pend.cnt.compiles;
+        s.compile_failures += c->pend.cnt.compile_failures;
         pthread_mutex_unlock(&c->pend_mu);
         s.read_only = c->read_only;
         *out = s;

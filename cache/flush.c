@@ -8,6 +8,10 @@
  * write transaction: hits and last use in "meta", the entry's key moved to
  * its new tick in "lru", counters added to "stats".
  *
+ * The counters (hits, misses, compiles, compile failures) are also
+ * written by every put (kw__cache_write_counted), in the put's own
+ * transaction, so they are as old as the last commit, not the last flush.
+ *
  * A flush swaps `pend` with the empty `spare` under pend_mu and then writes
  * `spare` with no lock but flush_mu held, so gets keep recording while the
  * transaction commits.  If it fails, what it had not written of `spare` is
@@ -88,7 +92,7 @@ void kw__cache_record_hit(kw_cache *c, const uint8_t *digest)
 {
     uint64_t tick = kw__cache_tick_coarse(c);
     pthread_mutex_lock(&c->pend_mu);
-    c->pend.hits++;
+    c->pend.cnt.hits++;
     add_hit_locked(&c->pend, digest, 1, tick);
     bool full = c->pend.n >= KW__CACHE_PENDING_MAX;
     pthread_mutex_unlock(&c->pend_mu);
@@ -107,7 +111,7 @@ void kw__cache_record_hit(kw_cache *c, const uint8_t *digest)
 void kw__cache_record_miss(kw_cache *c)
 {
     pthread_mutex_lock(&c->pend_mu);
-    c->pend.misses++;
+    c->pend.cnt.misses++;
     pthread_mutex_unlock(&c->pend_mu);
 }
 
@@ -146,6 +150,34 @@ typedef struct flush_slice {
     size_t from, to;
 } flush_slice;
 
+/* Adds n to the counters of "stats" in txn. */
+static int counts_write(kw_cache *c, MDB_txn *txn, const kw__cache_counts *n)
+{
+    static const char *const names[4] = {"hits", "misses", "compiles",
+                                         "compile_failures"};
+    const uint64_t add[4] = {n->hits, n->misses, n->compiles,
+                             n->compile_failures};
+    int rc = 0;
+    for (int i = 0; i < 4 && rc == 0; i++) {
+        /* a counter past INT64_MAX between two writes cannot happen */
+        rc = kw__cache_stat_add(c, txn, names[i], (int64_t)add[i]);
+    }
+    return rc;
+}
+
+static void counts_merge(kw__cache_counts *to, const kw__cache_counts *from)
+{
+    to->hits += from->hits;
+    to->misses += from->misses;
+    to->compiles += from->compiles;
+    to->compile_failures += from->compile_failures;
+}
+
+static bool counts_zero(const kw__cache_counts *n)
+{
+    return !n->hits && !n->misses && !n->compiles && !n->compile_failures;
+}
+
 /* Writes a slice of c->spare (hits, and counters with the last) in txn. */
 static int flush_fn(kw_cache *c, MDB_txn *txn, void *arg)
 {
@@ -156,17 +188,9 @@ static int flush_fn(kw_cache *c, MDB_txn *txn, void *arg)
         if (p->slots[i].used)
             rc = apply_hit(c, txn, &p->slots[i]);
     }
-    if (sl->to < KW__CACHE_PENDING_CAP)
+    if (sl->to < KW__CACHE_PENDING_CAP || rc < 0)
         return rc;
-    static const char *const names[4] = {"hits", "misses", "compiles",
-                                         "compile_failures"};
-    const uint64_t add[4] = {p->hits, p->misses, p->compiles,
-                             p->compile_failures};
-    for (int i = 0; i < 4 && rc == 0; i++) {
-        /* a counter past INT64_MAX between two flushes cannot happen */
-        rc = kw__cache_stat_add(c, txn, names[i], (int64_t)add[i]);
-    }
-    return rc;
+    return counts_write(c, txn, &p->cnt);
 }
 
 /* The end of the slice from `from`: past KW__CACHE_FLUSH_HITS used slots,
@@ -184,7 +208,7 @@ static void clear(kw__cache_pending *p)
 {
     memset(p->slots, 0, KW__CACHE_PENDING_CAP * sizeof *p->slots);
     p->n = 0;
-    p->hits = p->misses = p->compiles = p->compile_failures = 0;
+    p->cnt = (kw__cache_counts){0};
 }
 
 /* Puts what a failed flush took (c->spare) and did not write, slots from
@@ -198,10 +222,7 @@ static void merge_back(kw_cache *c, size_t from)
             add_hit_locked(&c->pend, s->slots[i].digest, s->slots[i].hits,
                            s->slots[i].tick);
     }
-    c->pend.hits += s->hits;
-    c->pend.misses += s->misses;
-    c->pend.compiles += s->compiles;
-    c->pend.compile_failures += s->compile_failures;
+    counts_merge(&c->pend.cnt, &s->cnt);
     pthread_mutex_unlock(&c->pend_mu);
 }
 
@@ -214,8 +235,7 @@ static int flush_locked(kw_cache *c)
     c->spare = taken;
     pthread_mutex_unlock(&c->pend_mu);
     kw__cache_pending *p = &c->spare;
-    if (p->n == 0 && !p->hits && !p->misses && !p->compiles &&
-        !p->compile_failures)
+    if (p->n == 0 && counts_zero(&p->cnt))
         return 0;
     flush_slice sl = {0, 0};
     int rc = 0;
@@ -290,4 +310,38 @@ int kw_cache_flush(kw_cache *c)
     int prc = purge_queued_locked(c);
     pthread_mutex_unlock(&c->flush_mu);
     return rc < 0 ? rc : prc;
+}
+
+/* One write of kw__cache_write_counted(): the caller's step, then the
+ * counters it carries. */
+typedef struct counted_req {
+    kw__cache_txn_fn fn;
+    void *arg;
+    kw__cache_counts cnt;
+} counted_req;
+
+static int counted_fn(kw_cache *c, MDB_txn *txn, void *arg)
+{
+    counted_req *r = arg;
+    int rc = r->fn(c, txn, r->arg);
+    return rc < 0 ? rc : counts_write(c, txn, &r->cnt);
+}
+
+int kw__cache_write_counted(kw_cache *c, kw__cache_txn_fn fn, void *arg,
+                            uint64_t need)
+{
+    counted_req r = {fn, arg, {0}};
+    pthread_mutex_lock(&c->flush_mu);
+    pthread_mutex_lock(&c->pend_mu);
+    r.cnt = c->pend.cnt;
+    c->pend.cnt = (kw__cache_counts){0};
+    pthread_mutex_unlock(&c->pend_mu);
+    int rc = kw__cache_write(c, counted_fn, &r, need);
+    if (rc < 0) {
+        pthread_mutex_lock(&c->pend_mu);
+        counts_merge(&c->pend.cnt, &r.cnt);
+        pthread_mutex_unlock(&c->pend_mu);
+    }
+    pthread_mutex_unlock(&c->flush_mu);
+    return rc;
 }

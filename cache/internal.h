@@ -8,7 +8,8 @@
  * retry loop), read.c (get, borrow, contains, foreach, corrupt entries),
  * flush.c (hits recorded in memory and their flush), pins.c (named pin
  * sets), protect.c (guards, plans, pinned totals), hint.c (hits without
- * B-tree lookups), prefix.c (digest prefixes).
+ * B-tree lookups), prefix.c (digest prefixes), claim.c (claims on digests
+ * across processes: byte-range locks on DIR/claims, beside LMDB's files).
  *
  * On-disk layout: one LMDB environment, six named databases.
  *   "meta"  digest (32 bytes) -> metadata record (record.c, versioned,
@@ -45,6 +46,13 @@
  * returned through kw_cache.h. */
 #define KW__CACHE_EMAPFULL (-1999)
 
+/* Returned by write_once (write.c) when a commit could not write its
+ * pages: ENOSPC, EDQUOT, or EIO, which LMDB reports for a short write to
+ * a full filesystem.  The write loop evicts and retries as for
+ * MDB_MAP_FULL, then reports KW_EDISKFULL.  Never returned through
+ * kw_cache.h. */
+#define KW__CACHE_EDISK (-1998)
+
 #define KW__CACHE_FORMAT 1         /* "format" in "stats"; record version */
 #define KW__CACHE_PENDING_MAX 4096 /* digests waiting before get flushes */
 #define KW__CACHE_PENDING_CAP 8192 /* table slots: a power of two, 2 x MAX */
@@ -63,12 +71,17 @@ typedef struct kw__cache_hit {
     bool used;
 } kw__cache_hit;
 
+/* The counters of "stats" that are recorded in memory first. */
+typedef struct kw__cache_counts {
+    uint64_t hits, misses, compiles, compile_failures;
+} kw__cache_counts;
+
 /* Hits and counters not yet written: an open-addressing table of
  * KW__CACHE_PENDING_CAP slots (NULL on a read-only handle). */
 typedef struct kw__cache_pending {
     kw__cache_hit *slots;
     size_t n; /* used slots */
-    uint64_t hits, misses, compiles, compile_failures;
+    kw__cache_counts cnt;
 } kw__cache_pending;
 
 /* The decoded "meta" record. */
@@ -89,6 +102,7 @@ typedef struct kw__cache_hint {
 } kw__cache_hint;
 
 struct kw_cache {
+    char *dir;   /* opts.dir, copied: named in failures of the disk */
     MDB_env *env;
     MDB_dbi meta, blob, lru, stats; /* valid for the env's lifetime */
     MDB_dbi pins, pinidx;           /* valid when has_pins */
@@ -127,6 +141,11 @@ struct kw_cache {
     /* hints[i] is guarded by hint_mu[i % KW__CACHE_HINT_LOCKS]. */
     kw__cache_hint *hints;
     pthread_mutex_t hint_mu[KW__CACHE_HINT_LOCKS];
+
+    /* Set at open, read-only after (claim.c): DIR/claims, or NULL when
+     * claims are off, and then why ("" when on, or read-only). */
+    char *claims_path;
+    char claims_note[320];
 };
 
 #define KW__CACHE_ERRLEN 192 /* kw_cache_last_error() text, NUL included */
@@ -144,6 +163,11 @@ int kw__cache_mdb(kw_cache *c, const char *op, int rc);
  * calling thread ("put: 300 bytes do not fit: ... are pinned"). */
 void kw__cache_set_error(kw_cache *c, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+
+/* Refuses a write on a read-only handle: records "DIR is read-only" for
+ * kw_cache_last_error(), so that a refusal passed on (kwarmd's replies to
+ * resize and evict) has a reason, and returns KW_EROFS. */
+int kw__cache_refuse_ro(kw_cache *c);
 
 /* A fresh tick: CLOCK_REALTIME ns, above every tick handed out before.
  * The coarse one reads CLOCK_REALTIME_COARSE (a few ms of resolution, a
@@ -294,6 +318,16 @@ void kw__cache_overlay_hits(kw_cache *c, const uint8_t *digest,
  * when the queue is full: the next get queues it again. */
 void kw__cache_queue_corrupt(kw_cache *c, const uint8_t *digest);
 
+/* Runs fn as kw__cache_write() does, and adds the counters recorded in
+ * memory so far (hits, misses, compiles, compile failures) to "stats" in
+ * the same transaction, so a put commits them with its entry and a
+ * writer killed later loses only what it counted after its last put.
+ * Holds flush_mu throughout, as a flush does, so kw_cache_stats_get()
+ * never sees a counter both in memory and on disk, or in neither; when
+ * the write fails the counters go back to memory. */
+int kw__cache_write_counted(kw_cache *c, kw__cache_txn_fn fn, void *arg,
+                            uint64_t need);
+
 /* --- hint.c --- */
 
 /* Allocates and frees the hint table.  0 or KW_ENOMEM. */
@@ -314,6 +348,13 @@ bool kw__cache_hint_get(kw_cache *c, const uint8_t *digest, uint64_t txnid,
  * unless the slot holds a newer hint of the same digest. */
 void kw__cache_hint_put(kw_cache *c, const uint8_t *digest, uint64_t txnid,
                         const void *data, const kw__cache_meta *m);
+
+/* --- claim.c --- */
+
+/* Creates DIR/claims for a writable handle and records its path, or why
+ * claims are off (never fails: a cache works without claims). */
+void kw__cache_claims_init(kw_cache *c, const char *dir);
+void kw__cache_claims_destroy(kw_cache *c);
 
 /* --- read.c --- */
 

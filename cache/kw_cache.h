@@ -15,6 +15,17 @@
  * in one transaction (kw_cache_close() flushes; the daemon flushes on a
  * timer).  The LRU order is therefore as fresh as the last flush.
  *
+ * Counters after a crash: entries, bytes and evictions change in the
+ * transaction that changes the entries, and "compiles" is counted in the
+ * transaction that stores the compiled entry (kw_cache_item.compiled).
+ * Hits, misses and compile failures are counted in memory and written
+ * by the next write transaction of the handle (a put carries them, or a
+ * flush); a writer killed (SIGKILL, a crash, an unhandled Ctrl-C) loses
+ * those it counted after its last commit, and per-entry hit counts and
+ * last-used times since its last flush.  So on a cache that only
+ * compiles (no fleet tier, no evictions), entries == compiles however
+ * its writers ended.
+ *
  * The size limit (max_size) is stored in the cache when it is created and
  * every opener uses the stored value; only kw_cache_resize() changes it.
  * Nothing is evicted for size while it is pinned (per entry, or in a named
@@ -139,6 +150,13 @@ void kw_cache_close(kw_cache *c);
 /* True when c never writes (opts.read_only, or auto_read_only fell back). */
 bool kw_cache_is_read_only(const kw_cache *c);
 
+/* True when asked (a limit given to this open; 0: none given) is not the
+ * limit in force: the one stored in the cache, which every opener uses and
+ * only kw_cache_resize() changes.  *stored (may be NULL) gets that limit.
+ * For the one warning a command prints ("--max-size X not applied"); false
+ * when the limit cannot be read. */
+bool kw_cache_limit_differs(kw_cache *c, uint64_t asked, uint64_t *stored);
+
 /* Stores a new size limit in the cache (every handle, in every process,
  * uses it from its next write) and, when the cache is now over it, evicts
  * LRU entries that are neither pinned nor protected.  Lowering takes
@@ -176,6 +194,11 @@ typedef struct kw_cache_item {
     const void *blob;
     size_t len;
     bool pin;
+    bool compiled; /* blob was compiled for this put: "compiles" counts it
+                      in the write transaction that stores the entry (or
+                      finds it already stored by a racing writer), so a
+                      crash never leaves entries without their compiles;
+                      a put that fails counts nothing */
 } kw_cache_item;
 
 /* Stores n entries in one write transaction (one commit, one fsync: a
@@ -334,6 +357,42 @@ int kw_cache_plan_get(kw_cache *c,
                       const uint8_t (*digests)[KW_CACHE_DIGEST_LEN], size_t n,
                       kw_cache_plan *plan);
 
+/* --- Claims across processes (a compile per key between writers) --- */
+
+typedef struct kw_cache_claim kw_cache_claim;
+
+/* Asked while a claim waits: true stops the wait. */
+typedef bool (*kw_cache_stop_fn)(void *arg);
+
+/* Claims digest for the caller against every other claim of it on this
+ * cache directory, in any process (this one included): a byte-range lock
+ * on DIR/claims (an open file description's, F_OFD_SETLK) that the
+ * kernel releases when the holder dies, SIGKILL included.  A writer
+ * claims a missing key before compiling it, checks the cache again once
+ * it holds the claim (another holder may have stored it meanwhile), and
+ * keeps the claim until the entry is committed.  wait: poll until the
+ * claim is free, asking stop(arg) (may be NULL) between tries.
+ * Returns 0 with *out the claim, or with *out NULL when this handle has
+ * no claims (read-only, or DIR/claims could not be made:
+ * kw_cache_claims_note()) or the claim could not be taken for a reason
+ * other than a holder (EMFILE, ENOLCK): the caller then goes on
+ * unclaimed; -EAGAIN when another holds it and wait is false;
+ * -ECANCELED when stop said so; KW_ENOMEM; KW_EINVAL.  Thread-safe. */
+int kw_cache_claim_take(kw_cache *c,
+                        const uint8_t digest[KW_CACHE_DIGEST_LEN], bool wait,
+                        kw_cache_stop_fn stop, void *arg,
+                        kw_cache_claim **out);
+
+/* Releases and frees a claim (NULL is a no-op).  May be called from any
+ * thread, and after kw_cache_close() of its handle. */
+void kw_cache_claim_drop(kw_cache_claim *cl);
+
+/* Why a writable handle takes no claims (DIR/claims could not be
+ * created: "DIR/claims: Permission denied: ..."), for a one-line note;
+ * NULL when it takes them, or when the handle is read-only.  Valid until
+ * kw_cache_close(). */
+const char *kw_cache_claims_note(const kw_cache *c);
+
 /* --- Digest prefixes --- */
 
 /* Resolves a hex prefix (upper or lower case) of KW_CACHE_PREFIX_MIN..64
@@ -348,11 +407,13 @@ int kw_cache_find_prefix(kw_cache *c, const char *hex,
 
 /* Counters the cache cannot see by itself (compiles are the caller's). */
 typedef enum kw_cache_counter {
-    KW_CACHE_COMPILES,
+    KW_CACHE_COMPILES, /* a compile whose result is not put here; one that
+                          is put counts through kw_cache_item.compiled */
     KW_CACHE_COMPILE_FAILURES,
 } kw_cache_counter;
 
-/* Adds n to a counter (recorded with the next flush).  Thread-safe. */
+/* Adds n to a counter, in memory: the next put or flush of c writes it
+ * (a crash before then loses it).  Thread-safe. */
 void kw_cache_count(kw_cache *c, kw_cache_counter which, uint64_t n);
 
 /* Writes recorded hits, misses and counters in one transaction, then

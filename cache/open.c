@@ -335,12 +335,26 @@ int kw_cache_open(kw_cache **out, const kw_cache_opts *opts, char *err,
                          kw_strerror(rc));
     c->read_only = ro;
     c->defer_writes = opts->defer_writes;
-    if ((rc = open_handle(c, opts, max, err, errlen)) < 0) {
+    if ((c->dir = strdup(opts->dir)) == NULL)
+        rc = open_fail(KW_ENOMEM, err, errlen, "cache %s: %s", opts->dir,
+                       kw_strerror(KW_ENOMEM));
+    if (rc < 0 || (rc = open_handle(c, opts, max, err, errlen)) < 0) {
         kw__cache_destroy(c);
         return rc;
     }
+    kw__cache_claims_init(c, opts->dir);
     *out = c;
     return 0;
+}
+
+bool kw_cache_limit_differs(kw_cache *c, uint64_t asked, uint64_t *stored)
+{
+    kw_cache_stats st;
+    if (c == NULL || asked == 0 || kw_cache_stats_get(c, &st) < 0)
+        return false;
+    if (stored != NULL)
+        *stored = st.max_size;
+    return st.max_size != asked;
 }
 
 bool kw_cache_is_read_only(const kw_cache *c)

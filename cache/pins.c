@@ -201,7 +201,7 @@ int kw_cache_pin_set(kw_cache *c, const char *name,
         n > KW_CACHE_MAX_PIN_DIGESTS)
         return KW_EINVAL;
     if (c->read_only)
-        return KW_EROFS;
+        return kw__cache_refuse_ro(c);
     pin_req r = {.name = name, .created_ns = kw__cache_tick(c)};
     uint8_t(*s)[KW_CACHE_DIGEST_LEN];
     int rc = sorted_copy(digests, n, &s, &r.n);
@@ -218,7 +218,7 @@ int kw_cache_unpin_set(kw_cache *c, const char *name)
     if (!c || !kw_cache_pin_name_valid(name))
         return KW_EINVAL;
     if (c->read_only)
-        return KW_EROFS;
+        return kw__cache_refuse_ro(c);
     pin_req r = {.name = name};
     return kw__cache_write(c, pin_fn, &r, 0);
 }

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
 #include <xxhash.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <xxh_x86dispatch.h> /* XXH3 with AVX2/AVX-512 where the CPU has them */
@@ -40,19 +41,33 @@ static int write_once(kw_cache *c, kw__cache_txn_fn fn, void *arg)
     }
     rc = mdb_txn_commit(txn);
     if (rc == ENOSPC || rc == EIO || rc == EDQUOT) {
-        /* The file could not grow (LMDB reports a full disk as EIO):
+        /* The file could not grow (LMDB reports a short write as EIO):
          * like MDB_MAP_FULL, eviction in its own commit frees pages that
          * later commits reuse without growing the file. */
-        kw__cache_set_error(c, "mdb_txn_commit: %s (is the disk full?)",
-                            mdb_strerror(rc));
-        return KW__CACHE_EMAPFULL;
+        kw__cache_set_error(c, "mdb_txn_commit: %s", mdb_strerror(rc));
+        return KW__CACHE_EDISK;
     }
     return kw__cache_mdb(c, "mdb_txn_commit", rc);
+}
+
+/* Says that c's filesystem is full, naming the directory, what failed
+ * (why) and the space left; returns KW_EDISKFULL. */
+static int disk_full(kw_cache *c, const char *why)
+{
+    struct statvfs sv;
+    char room[96] = "";
+    if (statvfs(c->dir, &sv) == 0)
+        snprintf(room, sizeof room, "; %llu of %llu bytes free",
+                 (unsigned long long)sv.f_bavail * sv.f_frsize,
+                 (unsigned long long)sv.f_blocks * sv.f_frsize);
+    kw__cache_set_error(c, "%s is on a full disk (%s%s)", c->dir, why, room);
+    return KW_EDISKFULL;
 }
 
 /* Arguments of one eviction round. */
 typedef struct evict_req {
     uint64_t count, bytes, evicted;
+    bool disk;                  /* the failure was the disk's, not the map's */
     char why[KW__CACHE_ERRLEN]; /* the failure that called for it */
 } evict_req;
 
@@ -60,12 +75,14 @@ static int evict_fn(kw_cache *c, MDB_txn *txn, void *arg)
 {
     evict_req *r = arg;
     int rc = kw__cache_evict_txn(c, txn, r->count, r->bytes, &r->evicted);
-    if (rc == 0 && r->evicted == 0) {
-        kw__cache_set_error(c, "%s, and no entry may be evicted (the "
-                               "others are pinned or protected)", r->why);
-        return KW_ENOSPC;
-    }
-    return rc;
+    if (rc < 0 || r->evicted > 0)
+        return rc;
+    if (r->disk) /* nothing to free: no page will come back */
+        return disk_full(c, r->why);
+    kw__cache_set_error(c, "%s: the cache's map is full and no entry may "
+                           "be evicted (the others are pinned or protected)",
+                        r->why);
+    return KW_ENOSPC;
 }
 
 int kw__cache_write(kw_cache *c, kw__cache_txn_fn fn, void *arg,
@@ -73,11 +90,16 @@ int kw__cache_write(kw_cache *c, kw__cache_txn_fn fn, void *arg,
 {
     for (int round = 0;; round++) {
         int rc = write_once(c, fn, arg);
-        if (rc != KW__CACHE_EMAPFULL)
+        if (rc != KW__CACHE_EMAPFULL && rc != KW__CACHE_EDISK)
             return rc;
+        evict_req r = {(uint64_t)MAPFULL_BATCH << round, need, 0,
+                       rc == KW__CACHE_EDISK, ""};
+        snprintf(r.why, sizeof r.why, "%s", kw_cache_last_error(c));
+        if (round == MAPFULL_TRIES && r.disk)
+            return disk_full(c, r.why);
         if (round == MAPFULL_TRIES) {
-            kw__cache_set_error(c, "no room after %d eviction rounds (map or "
-                                   "disk full)", MAPFULL_TRIES);
+            kw__cache_set_error(c, "no room after %d eviction rounds (the "
+                                   "cache's map is full)", MAPFULL_TRIES);
             return KW_ECACHE;
         }
         /* A dead process's reader slot pins old pages, so LMDB cannot
@@ -86,9 +108,9 @@ int kw__cache_write(kw_cache *c, kw__cache_txn_fn fn, void *arg,
         (void)mdb_reader_check(c->env, NULL);
         /* Pages freed by a commit become reusable two commits later, so a
          * retry may fail once more; the next, larger round then succeeds. */
-        evict_req r = {(uint64_t)MAPFULL_BATCH << round, need, 0, ""};
-        snprintf(r.why, sizeof r.why, "%s", kw_cache_last_error(c));
         rc = write_once(c, evict_fn, &r);
+        if (rc == KW__CACHE_EDISK) /* even deleting could not be written */
+            return disk_full(c, kw_cache_last_error(c));
         if (rc == KW__CACHE_EMAPFULL) /* even deleting found no page */
             return KW_ECACHE;
         if (rc < 0)
@@ -102,6 +124,7 @@ typedef struct put_req {
     const void *blob;
     size_t len;
     kw__cache_meta m;
+    bool compiled; /* count a compile with it (kw_cache_item.compiled) */
     bool stored;
 } put_req;
 
@@ -196,7 +219,7 @@ static int put_fn(kw_cache *c, MDB_txn *txn, void *arg)
     int rc = kw__cache_mdb(c, "mdb_get(meta)", mdb_get(txn, c->meta, &k, &d));
     r->stored = false;
     if (rc == 0) /* already there: leave it, as MDB_NOOVERWRITE would */
-        return 0;
+        return r->compiled ? kw__cache_stat_add(c, txn, "compiles", 1) : 0;
     if (rc != KW_ENOTFOUND || (rc = make_room(c, txn, r->len)) < 0 ||
         (rc = fit_map(c, txn, r->len)) < 0)
         return rc;
@@ -213,6 +236,10 @@ static int put_fn(kw_cache *c, MDB_txn *txn, void *arg)
     }
     if (rc == 0)
         rc = kw__cache_stat_add(c, txn, "bytes", (int64_t)r->len);
+    /* The compile is counted by the transaction that stores its entry, so
+     * no crash can leave the one without the other. */
+    if (rc == 0 && r->compiled)
+        rc = kw__cache_stat_add(c, txn, "compiles", 1);
     r->stored = rc == 0;
     return rc;
 }
@@ -228,7 +255,7 @@ static int put_prepare(kw_cache *c, put_req *r, const uint8_t *digest,
         (info && !kw__cache_info_ok(info)))
         return KW_EINVAL;
     if (c->read_only)
-        return KW_EROFS;
+        return kw__cache_refuse_ro(c);
     *r = (put_req){.digest = digest, .blob = blob, .len = len};
     if (info)
         r->m.info = *info;
@@ -251,7 +278,7 @@ int kw_cache_put(kw_cache *c, const uint8_t digest[KW_CACHE_DIGEST_LEN],
         *stored = false;
     int rc = put_prepare(c, &r, digest, info, blob, len, pin);
     if (rc == 0)
-        rc = kw__cache_write(c, put_fn, &r, len);
+        rc = kw__cache_write_counted(c, put_fn, &r, len);
     if (rc == 0 && stored)
         *stored = r.stored;
     return rc;
@@ -284,16 +311,18 @@ int kw_cache_put_many(kw_cache *c, const kw_cache_item *items, size_t n,
         const kw_cache_item *it = &items[i];
         rcs[i] = put_prepare(c, &r[ok], it->digest, it->info, it->blob, it->len,
                              it->pin);
-        if (rcs[i] == 0)
+        if (rcs[i] == 0) {
+            r[ok].compiled = it->compiled;
             bytes += r[ok++].len;
+        }
     }
     batch_req b = {r, ok};
-    int rc = ok > 0 ? kw__cache_write(c, batch_fn, &b, bytes) : 0;
+    int rc = ok > 0 ? kw__cache_write_counted(c, batch_fn, &b, bytes) : 0;
     /* The whole batch failed (one put could not fit, say): each alone, so
      * every item gets its own answer and one item's failure is its own. */
     for (size_t i = 0, j = 0; rc < 0 && i < n; i++)
         if (rcs[i] == 0) {
-            rcs[i] = kw__cache_write(c, put_fn, &r[j], r[j].len);
+            rcs[i] = kw__cache_write_counted(c, put_fn, &r[j], r[j].len);
             j++;
         }
     free(r);
@@ -315,7 +344,7 @@ int kw_cache_remove(kw_cache *c, const uint8_t digest[KW_CACHE_DIGEST_LEN])
     if (!c || !digest)
         return KW_EINVAL;
     if (c->read_only)
-        return KW_EROFS;
+        return kw__cache_refuse_ro(c);
     return kw__cache_write(c, remove_fn, (void *)digest, 0);
 }
 
@@ -354,7 +383,7 @@ int kw_cache_pin(kw_cache *c, const uint8_t digest[KW_CACHE_DIGEST_LEN],
     if (!c || !digest)
         return KW_EINVAL;
     if (c->read_only)
-        return KW_EROFS;
+        return kw__cache_refuse_ro(c);
     pin_req r = {digest, pinned};
     return kw__cache_write(c, pin_fn, &r, 0);
 }
@@ -385,6 +414,6 @@ int kw_cache_resize(kw_cache *c, uint64_t max_size)
     if (!c || max_size < KW_CACHE_MIN_SIZE || max_size > KW_CACHE_MAX_SIZE)
         return KW_EINVAL;
     if (c->read_only)
-        return KW_EROFS;
+        return kw__cache_refuse_ro(c);
     return kw__cache_write(c, resize_fn, &max_size, 0);
 }

@@ -6,6 +6,8 @@
 #ifndef KW_CLI_H
 #define KW_CLI_H
 
+#include <pthread.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -161,6 +163,27 @@ typedef struct kw__cli_tally {
 void kw__cli_progress_init(kw__cli_progress *p, const char *label, bool quiet);
 void kw__cli_progress_show(kw__cli_progress *p, size_t done, size_t n,
                            const kw__cli_tally *t);
+
+/* Ctrl-C and SIGTERM during a long command (cli_interrupt.c).  start
+ * blocks both in the calling thread (threads started after inherit it)
+ * and starts a thread that takes the first one: it records it and calls
+ * the stop armed with arm (stop(arg), at once when the signal came before
+ * arm; NULL disarms); a second signal then kills the process.  stop ends
+ * the thread, restores the mask and returns the signal caught, or 0.
+ * start returns 0 or -1 (then nothing is caught). */
+typedef struct kw__cli_interrupt {
+    pthread_t thread;
+    bool started;
+    sigset_t old;
+    pthread_mutex_t mu; /* guards sig, stop, arg */
+    int sig;
+    void (*stop)(void *);
+    void *arg;
+} kw__cli_interrupt;
+int kw__cli_interrupt_start(kw__cli_interrupt *in);
+void kw__cli_interrupt_arm(kw__cli_interrupt *in, void (*stop)(void *),
+                           void *arg);
+int kw__cli_interrupt_stop(kw__cli_interrupt *in);
 
 /* Prints one failed key: "kwarm CMD: FAMILY ARCH DIGEST16 failed: ERROR",
  * then its NVRTC log (may be NULL) as is. */

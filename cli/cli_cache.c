@@ -317,8 +317,8 @@ static int get_compile(const get_opts *o, kw_cache *c, const kw_keys_key *k)
 {
     kw_jit_result res;
     int rc = kw_keys_compile(k, false, &res);
-    kw_cache_count(c, rc == 0 ? KW_CACHE_COMPILES : KW_CACHE_COMPILE_FAILURES, 1);
     if (rc < 0) {
+        kw_cache_count(c, KW_CACHE_COMPILE_FAILURES, 1);
         kw__cli_err("get", "%s %s: %s%s%s", o->family, o->arch,
                     kw_strerror(rc), res.log ? ": " : "", res.log ? res.log : "");
         kw_jit_result_destroy(&res);
@@ -333,7 +333,11 @@ static int get_compile(const get_opts *o, kw_cache *c, const kw_keys_key *k)
     snprintf(info.entry, sizeof info.entry, "%s", res.lowered_name ? res.lowered_name : "");
     snprintf(info.nvrtc, sizeof info.nvrtc, "%d.%d", major, minor);
     memcpy(info.fields, k->fields, info.nfields * sizeof k->fields[0]);
-    rc = kw_cache_put(c, k->digest, &info, res.cubin, res.cubin_len, false, NULL);
+    /* counted as a compile in the transaction that stores it */
+    kw_cache_item it = {.digest = k->digest, .info = &info, .blob = res.cubin,
+                        .len = res.cubin_len, .compiled = true};
+    if (kw_cache_put_many(c, &it, 1, &rc) < 0)
+        rc = KW_ENOMEM;
     if (rc < 0) /* the cubin is still good: write it, say why it is not kept */
         kw__cli_err("get", "compiled, but not stored in %s: %s: %s", o->where,
                     kw_strerror(rc), kw_cache_last_error(c));

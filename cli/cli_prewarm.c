@@ -92,9 +92,21 @@ typedef struct tally {
     pthread_cond_t cond;
     size_t count[KW_WARM_CANCELLED + 1];
     size_t done, total;
+    int interrupted;       /* the signal that stopped it (SIGINT), or 0 */
+    size_t unstored;       /* compiled, but the cache had no room */
+    char unstored_why[512]; /* the first such key's reason */
     bool finished;
     kw__cli_progress progress;
 } tally;
+
+/* True for a key that compiled but could not be stored for lack of room:
+ * the disk, or the cache's limit.  Said once per run (report), not per
+ * key: every such key has the same cause. */
+static bool no_room(const kw_warm_result *r)
+{
+    return r->status == KW_WARM_FAILED &&
+           (r->rc == KW_EDISKFULL || r->rc == KW_ENOSPC);
+}
 
 /* warm's callback: count, print a failure, draw progress. */
 static void on_result(const kw_warm_result *r, void *arg)
@@ -102,8 +114,11 @@ static void on_result(const kw_warm_result *r, void *arg)
     tally *t = arg;
     t->count[r->status]++;
     t->done++;
-    if (r->status == KW_WARM_FAILED &&
-        t->count[KW_WARM_FAILED] <= KW_CLI_MAX_FAILS) {
+    if (no_room(r) && t->unstored++ == 0)
+        snprintf(t->unstored_why, sizeof t->unstored_why, "%s",
+                 r->log ? r->log : kw_strerror(r->rc));
+    if (r->status == KW_WARM_FAILED && !no_room(r) &&
+        t->count[KW_WARM_FAILED] - t->unstored <= KW_CLI_MAX_FAILS) {
         char hex[KW_KEYS_HEX_LEN];
         kw_keys_hex(r->key->digest, hex);
         kw__cli_print_failure("prewarm", kw_keys_family_name(r->key->family),
@@ -130,6 +145,12 @@ static double now(void)
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+/* kw__cli_interrupt's stop: cancels the warm (arg). */
+static void stop_warm(void *arg)
+{
+    kw_warm_cancel(arg);
+}
+
 /* Runs the keys through a warm pipeline on c; fills t.  Returns an exit
  * code (the pipeline could not start: 1). */
 static int run_warm(kw_cache *c, kw_remote *remote, const kw_keys_set *set,
@@ -141,20 +162,29 @@ static int run_warm(kw_cache *c, kw_remote *remote, const kw_keys_set *set,
                        .verify_hits = true};
     kw_warm *w = NULL;
     char err[512];
+    kw__cli_interrupt in; /* before warm's threads: they inherit its mask */
+    bool catching = kw__cli_interrupt_start(&in) == 0;
     int rc = kw_warm_open(&w, &wo, err, sizeof err);
     if (rc < 0) {
+        if (catching)
+            kw__cli_interrupt_stop(&in);
         kw__cli_err("prewarm", "%s", err);
         return KW_CLI_RUNTIME;
     }
     t->total = set->nkeys;
     kw__cli_progress_init(&t->progress, "prewarm", o->quiet);
+    /* Ctrl-C: the rest is cancelled, what is stored stays, report says so */
+    kw__cli_interrupt_arm(&in, stop_warm, w);
     rc = kw_warm_submit(w, set->keys, set->nkeys, KW_WARM_PROTECT, on_result, t,
                         NULL);
     pthread_mutex_lock(&t->lock);
     while (rc == 0 && !t->finished)
         pthread_cond_wait(&t->cond, &t->lock);
     pthread_mutex_unlock(&t->lock);
+    kw__cli_interrupt_arm(&in, NULL, NULL);
     kw_warm_close(w);
+    if (catching)
+        t->interrupted = kw__cli_interrupt_stop(&in);
     if (rc < 0) {
         kw__cli_err("prewarm", "%s", kw_strerror(rc));
         return KW_CLI_RUNTIME;
@@ -168,9 +198,25 @@ static int report(kw_cache *c, const tally *t, const kw_keys_set *set,
 {
     size_t failed = t->count[KW_WARM_FAILED];
     size_t cancelled = t->count[KW_WARM_CANCELLED];
-    if (failed > KW_CLI_MAX_FAILS)
+    if (failed - t->unstored > KW_CLI_MAX_FAILS)
         kw__cli_err("prewarm", "... and %zu more failures",
-                    failed - KW_CLI_MAX_FAILS);
+                    failed - t->unstored - KW_CLI_MAX_FAILS);
+    if (t->unstored > 0) { /* "store: " is the stage: the line says so */
+        const char *why = t->unstored_why;
+        why += strncmp(why, "store: ", 7) == 0 ? 7 : 0;
+        bool named = strstr(why, o->cache) != NULL; /* the disk's names it */
+        kw__cli_err("prewarm", "%zu keys compiled but not stored%s%s: %s",
+                    t->unstored, named ? "" : " in ", named ? "" : o->cache,
+                    why);
+    }
+    if (t->interrupted != 0) /* the signal that stopped it, and where */
+        kw__cli_err("prewarm", "interrupted (%s): %zu of %zu keys settled "
+                    "(%zu compiled, %zu hits, %zu failed), %zu cancelled; "
+                    "what was stored is kept, a rerun finishes the rest",
+                    t->interrupted == SIGINT ? "SIGINT" : "SIGTERM",
+                    t->done - cancelled, set->nkeys, t->count[KW_WARM_COMPILED],
+                    t->count[KW_WARM_HIT] + t->count[KW_WARM_REMOTE_HIT],
+                    failed, cancelled);
     if (o->json) {
         printf("{\"keys\": %zu, \"hits\": %zu, \"remote_hits\": %zu, "
                "\"compiled\": %zu, \"failed\": %zu, \"cancelled\": %zu, "
@@ -212,15 +258,14 @@ static int open_stores(const prewarm_opts *o, kw_cache **c, kw_remote **r)
  * it), and a silent --max-size would look obeyed. */
 static void note_max_size(kw_cache *c, const prewarm_opts *o)
 {
-    kw_cache_stats st;
-    if (o->max_size == 0 || kw_cache_stats_get(c, &st) < 0 ||
-        st.max_size == o->max_size)
+    uint64_t stored;
+    if (!kw_cache_limit_differs(c, o->max_size, &stored))
         return;
     kw__cli_err("prewarm", "warning: --max-size %llu not applied: %s already "
                 "stores a limit of %llu bytes, which stays in force (kwarm "
                 "resize --cache %s SIZE changes it)",
                 (unsigned long long)o->max_size, o->cache,
-                (unsigned long long)st.max_size, o->cache);
+                (unsigned long long)stored, o->cache);
 }
 
 /* Says so when --remote was given but every call to it failed: the keys
@@ -253,6 +298,8 @@ static int prewarm_keys(const kw_keys_set *set, const prewarm_opts *o)
     if (rc != KW_CLI_OK)
         return rc;
     note_max_size(c, o);
+    if (kw_cache_claims_note(c) != NULL) /* works, without single flight */
+        kw__cli_err("prewarm", "note: no claims: %s", kw_cache_claims_note(c));
     if (set->nkeys > 0 && kw_warm_plan_check(c, set->keys, set->nkeys, err,
                                              sizeof err) < 0) {
         kw__cli_err("prewarm", "%s: %s", o->cache, err);

@@ -134,6 +134,8 @@ typedef struct warm_view {
     kw__cli_tally tally;  /* the results so far, by status */
     size_t failed_shown;
     size_t read_only;     /* failed as "not cached (read-only cache)" */
+    size_t unstored;      /* compiled, not stored: kwarmd's disk is full */
+    char unstored_why[512]; /* the first one's reason */
 } warm_view;
 
 #define KW_CLI_MAX_FAILS 5 /* failures printed in full */
@@ -167,6 +169,12 @@ static void tally_result(const cJSON *k, warm_view *v)
         s[i] = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(k, f[i]));
     if (read_only_miss(s[3])) {
         v->read_only++;
+        return;
+    }
+    if (s[3] != NULL && strcmp(s[3], kw_strerror(KW_EDISKFULL)) == 0) {
+        if (v->unstored++ == 0) /* one cause: said once (print_result) */
+            snprintf(v->unstored_why, sizeof v->unstored_why, "%s",
+                     s[4] ? s[4] : s[3]);
         return;
     }
     if (v->failed_shown++ < KW_CLI_MAX_FAILS)
@@ -206,7 +214,8 @@ static int print_result(const char *json, const warm_opts *o, const char *path,
     cJSON *res = cJSON_Parse(json);
     size_t failed = count_of(res, "failed"), cancelled = count_of(res, "cancelled");
     size_t ro = v->read_only <= failed ? v->read_only : failed;
-    size_t compile_failed = failed - ro;
+    size_t unstored = v->unstored <= failed - ro ? v->unstored : failed - ro;
+    size_t compile_failed = failed - ro - unstored;
     if (o->json) {
         printf("%s\n", json);
     } else {
@@ -222,6 +231,10 @@ static int print_result(const char *json, const warm_opts *o, const char *path,
                     "read-only and compiles nothing (warm the cache with kwarm "
                     "prewarm, or through a kwarmd that can write it)", ro,
                     ro == 1 ? "" : "s");
+    if (unstored > 0) /* "store: " is the stage: the line says so */
+        kw__cli_err("warmup", "%zu keys compiled but not stored: %s", unstored,
+                    v->unstored_why + (strncmp(v->unstored_why, "store: ", 7)
+                                           ? 0 : 7));
     if (compile_failed > 0)
         kw__cli_err("warmup", "%zu key%s failed to compile (%s shown above)",
                     compile_failed, compile_failed == 1 ? "" : "s",

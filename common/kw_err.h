@@ -29,7 +29,8 @@
     XX(EAMBIGUOUS, -1019, "ambiguous digest prefix")                       \
     XX(EVERSION, -1020, "protocol version mismatch")                       \
     XX(EPINNED, -1021, "pinned entries not removed")                      \
-    XX(ECAPTURE, -1022, "kernel not loaded while its stream captures a CUDA graph")
+    XX(ECAPTURE, -1022, "kernel not loaded while its stream captures a CUDA graph") \
+    XX(EDISKFULL, -1023, "no space left on the cache's disk")
 
 #include <stddef.h>
 

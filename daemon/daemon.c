@@ -39,7 +39,7 @@ void kw_daemon_opts_init(kw_daemon_opts *o)
     o->jobs = n > 0 ? (unsigned)n : 1;      /* compile workers: the cores */
     o->compile_timeout_ms = 120 * 1000;     /* a compile past it is killed */
     o->compile_mem_limit = 4ull << 30;      /* address space of a worker */
-    o->max_size = KW_CACHE_DEFAULT_SIZE;    /* 1 GiB of cubins */
+    o->max_size = 0; /* not given: a new cache gets 1 GiB of cubins */
     o->idle_timeout_ms = 60 * 1000;         /* silent clients go after 60 s */
     o->max_output = 16u << 20;              /* replies queued per connection */
     o->max_connections = 1024;              /* open connections at once */
@@ -245,6 +245,16 @@ static int start(kw__daemon *d, char *err, size_t errlen)
     int rc = open_remote(d, err, errlen);
     if (rc == 0)
         rc = kw_cache_open(&d->cache, &co, err, errlen);
+    uint64_t stored; /* as prewarm says it (issue 24) */
+    if (rc == 0 && kw_cache_limit_differs(d->cache, o->max_size, &stored))
+        KW_LOG(KW_LOG_WARNING, "--max-size %llu not applied: cache %s "
+               "already stores a limit of %llu bytes, which stays in force "
+               "(kwarm resize SIZE changes it)",
+               (unsigned long long)o->max_size, o->cache_dir,
+               (unsigned long long)stored);
+    /* served, but a prewarm beside it may compile a key kwarmd compiles */
+    if (rc == 0 && kw_cache_claims_note(d->cache) != NULL)
+        KW_LOG(KW_LOG_WARNING, "no claims: %s", kw_cache_claims_note(d->cache));
     bool ro = rc == 0 && kw_cache_is_read_only(d->cache);
     d->read_only = ro;
     if (ro) /* serves hits, compiles nothing; kwarmd writes nothing there */

@@ -28,7 +28,10 @@ typedef struct kw_daemon_opts {
     unsigned compile_timeout_ms; /* per compile; default 120 s */
     uint64_t compile_mem_limit;  /* bytes per worker; default 4 GiB */
     char compile_helper[4096];   /* kwarm-compile; "": found beside kwarmd */
-    uint64_t max_size;         /* cache size limit in bytes */
+    uint64_t max_size;         /* cache size limit in bytes, for a cache
+                                  created now (0: not given, 1 GiB); an
+                                  existing cache keeps its stored limit,
+                                  and kwarmd warns when this differs */
     unsigned idle_timeout_ms;  /* a silent connection is closed after it */
     uint64_t max_output;       /* reply bytes queued per connection before
                                   kwarmd stops reading it, and the budget

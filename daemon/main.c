@@ -498,37 +498,15 @@ static int parse_flags(kw_daemon_opts *o, int argc, char **argv)
     return check_files(o);
 }
 
-/* Warns when --max-size was given (o->max_size not 0) but the cache
- * already stores another limit: the stored one stays in force, as for
- * kwarm prewarm (cli_prewarm.c), and a silent flag would look obeyed.  A
- * cache that cannot be opened read-only here is left to kw_daemon_run. */
-static void note_max_size(const kw_daemon_opts *o)
-{
-    kw_cache_opts co = {.dir = o->cache_dir, .read_only = true};
-    kw_cache *c = NULL;
-    kw_cache_stats st;
-    char err[256];
-    if (o->max_size != 0 && kw_cache_open(&c, &co, err, sizeof err) == 0 &&
-        kw_cache_stats_get(c, &st) == 0 && st.max_size != o->max_size)
-        KW_LOG(KW_LOG_WARNING, "--max-size %llu not applied: %s "
-               "already stores a limit of %llu bytes, which stays in force "
-               "(kwarm resize SIZE changes it)",
-               (unsigned long long)o->max_size, o->cache_dir,
-               (unsigned long long)st.max_size);
-    kw_cache_close(c); /* before kw_daemon_run opens it again */
-}
-
 int main(int argc, char **argv)
 {
     kw_daemon_opts o;
     char err[1024] = "";
     kw_daemon_opts_init(&o);
-    o.max_size = 0; /* given or not (note_max_size); 0 opens with the default */
     int rc = parse_flags(&o, argc, argv);
     if (rc != 0)
         return rc > 0 ? 0 : 2;
     kw__log_init(o.log_level);
-    note_max_size(&o);
     rc = kw_daemon_run(&o, err, sizeof err);
     if (rc < 0) {
         /* the log line names kwarmd already (log.h) */

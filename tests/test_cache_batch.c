@@ -38,7 +38,8 @@ static items *make(size_t n, size_t len, uint64_t first)
         tc_digest(first + i, it->d[i]);
         it->info[i] = tc_info(first + i);
         it->blob[i] = tc_blob(first + i, len);
-        it->v[i] = (kw_cache_item){it->d[i], &it->info[i], it->blob[i], len, false};
+        it->v[i] = (kw_cache_item){it->d[i], &it->info[i], it->blob[i], len, false,
+                                   false};
         it->rc[i] = 12345;
     }
     return it;

@@ -426,6 +426,9 @@ Test(cache, map_full_under_a_long_reader_fails_cleanly_then_recovers)
                  kw_err_name(rc));
     cr_assert(strstr(kw_cache_last_error(c), "MDB_MAP_FULL"), "%s",
               kw_cache_last_error(c));
+    /* the map is full, not the disk (issue 24: KW_EDISKFULL is the disk's) */
+    cr_expect(strstr(kw_cache_last_error(c), "disk") == NULL, "%s",
+              kw_cache_last_error(c));
     cr_assert_eq(tc_get_check(c, 0, 1000), 0, "reads still work");
     pthread_mutex_lock(&p.mu);
     p.release = true;
@@ -443,4 +446,61 @@ Test(cache, map_full_under_a_long_reader_fails_cleanly_then_recovers)
     kw_cache_close(c);
     pthread_cond_destroy(&p.cv);
     pthread_mutex_destroy(&p.mu);
+}
+
+/* Puts item i (2000 + i bytes) with compiled set or not; its code. */
+static int put_item(kw_cache *c, uint64_t i, bool compiled, uint64_t len)
+{
+    uint8_t d[KW_CACHE_DIGEST_LEN];
+    tc_digest(i, d);
+    uint8_t *blob = tc_blob(i, len);
+    kw_cache_item it = {.digest = d, .blob = blob, .len = len,
+                        .compiled = compiled};
+    int rc;
+    if (kw_cache_put_many(c, &it, 1, &rc) < 0)
+        rc = KW_ENOMEM;
+    free(blob);
+    return rc;
+}
+
+/* A writer that counts a miss and a compile failure, stores two compiled
+ * entries and one that was not compiled, races itself on one of them
+ * (found stored: still a compile made), fails a compiled put that does
+ * not fit, then dies without closing or flushing (issue 24).  Exit 0 when
+ * every call answered as expected. */
+static void counting_child(void)
+{
+    kw_cache *c = tc_open(dir, 1ull << 20, false);
+    uint8_t d[KW_CACHE_DIGEST_LEN];
+    tc_digest(0, d);
+    void *blob;
+    size_t len;
+    if (kw_cache_get(c, d, &blob, &len, NULL) != KW_ENOTFOUND)
+        _exit(1);
+    kw_cache_count(c, KW_CACHE_COMPILE_FAILURES, 1);
+    if (put_item(c, 0, true, 2000) != 0 || put_item(c, 1, true, 2001) != 0 ||
+        put_item(c, 2, false, 2002) != 0 || put_item(c, 1, true, 2001) != 0)
+        _exit(2);
+    if (put_item(c, 3, true, 2ull << 20) != KW_EINVAL &&
+        put_item(c, 3, true, 2ull << 20) != KW_ENOSPC)
+        _exit(3); /* over the 1 MiB limit: not stored, not counted */
+    kw_cache_count(c, KW_CACHE_COMPILE_FAILURES, 1); /* after the last put */
+    _exit(0);
+}
+
+Test(cache, compiles_and_counters_are_committed_with_the_puts_before_a_crash)
+{
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0)
+        counting_child();
+    cr_assert_eq(wait_exit(pid), 0);
+    kw_cache *c = tc_open(dir, 1ull << 20, false);
+    kw_cache_stats s = tc_stats(c);
+    cr_expect_eq(s.entries, 3);
+    cr_expect_eq(s.compiles, 3, "2 stored, 1 found stored: %llu",
+                 (unsigned long long)s.compiles);
+    cr_expect_eq(s.misses, 1, "the miss rode on the next put");
+    cr_expect_eq(s.compile_failures, 1, "the one after the last put is lost");
+    kw_cache_close(c);
 }

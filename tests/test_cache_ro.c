@@ -222,3 +222,26 @@ Test(cache_ro, read_only_handle_keeps_counts_in_memory_only)
     cr_assert_eq(tc_stats(c).compiles, 0, "a read-only cache compiles nothing");
     kw_cache_close(c);
 }
+
+/* Every write a read-only handle refuses leaves a reason naming the
+ * cache, so that kwarmd's refusal of a resize or evict is never an empty
+ * "kwarmd: " (issue 24). */
+Test(cache_ro, refused_writes_name_the_read_only_cache)
+{
+    make_cache();
+    kw_cache *c = tc_open(cache, 0, true);
+    uint8_t d[1][KW_CACHE_DIGEST_LEN];
+    tc_digest(1, d[0]);
+    char want[320];
+    snprintf(want, sizeof want, "%s is read-only", cache);
+    int rcs[5] = {kw_cache_resize(c, 2ull << 20), kw_cache_remove(c, d[0]),
+                  kw_cache_pin(c, d[0], true),
+                  kw_cache_pin_set(c, "x", (const uint8_t(*)[32])d, 1),
+                  kw_cache_put(c, d[0], NULL, d[0], 32, false, NULL)};
+    for (int i = 0; i < 5; i++)
+        cr_expect_eq(rcs[i], KW_EROFS, "write %d", i);
+    cr_expect_str_eq(kw_cache_last_error(c), want);
+    cr_assert_eq(kw_cache_unpin_set(c, "shipped"), KW_EROFS);
+    cr_expect_str_eq(kw_cache_last_error(c), want);
+    kw_cache_close(c);
+}

@@ -51,6 +51,8 @@ Test(cli_ro_daemon, refused_writes_end_with_the_reason)
                   strcmp(err + n - 3, ": \n") != 0,
                   "%s ends with a colon: %s", cmds[i][0], err);
         cr_expect(strstr(err, "read-only") != NULL, "%s: %s", cmds[i][0], err);
+        /* kwarmd's reply carries the cache's own reason */
+        cr_expect(strstr(err, d.cache) != NULL, "%s: %s", cmds[i][0], err);
         free(err);
     }
     kwd_stop(&d);

@@ -2,7 +2,7 @@
  * every bound checked on both sides with the bound in the message, flags
  * spelled out (no getopt abbreviations), "did you mean", files named by a
  * flag that are missing are bad input (2), start-up errors that name
- * kwarmd once, and the --max-size warning on an existing cache. */
+ * kwarmd once, and the --max-size warning on an existing cache (daemon.c). */
 #include "daemon_util.h"
 
 TestSuite(daemon_flags, .fini = kwd_cleanup);

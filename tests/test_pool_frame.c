@@ -2,13 +2,18 @@
  * kwarm-compile (pool.h): one negative test per parser rule, and how the
  * helper ends on EOF and on a malformed request (issue 10, point 2). */
 #include <criterion/criterion.h>
+#include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "kw_err.h"
 #include "kw_keys.h"
+#include "kw_test_util.h"
 #include "pool.h"
 #include "pool_frame.h"
 #include "pool_util.h"
@@ -132,8 +137,9 @@ Test(pool_frame, response_rejects_a_cubin_on_failure_and_none_on_success)
     cr_assert_eq(resp_parse(s, fixed), KW_EPROTO);
 }
 
-/* Runs the helper with `input` on its stdin; returns its wait status. */
-static int run_helper_with_input(const void *input, size_t len)
+/* Runs the helper with `input` on its stdin and its stderr on errfd
+ * (-1: ours); returns its wait status. */
+static int run_helper_err(const void *input, size_t len, int errfd)
 {
     int in[2], out[2];
     cr_assert_eq(pipe(in), 0);
@@ -143,6 +149,8 @@ static int run_helper_with_input(const void *input, size_t len)
     if (pid == 0) {
         dup2(in[0], 0);
         dup2(out[1], 1);
+        if (errfd >= 0)
+            dup2(errfd, 2);
         close(in[1]);
         close(out[0]);
         execl(KW_COMPILE_HELPER_BIN, KW_COMPILE_HELPER_BIN, (char *)NULL);
@@ -165,15 +173,79 @@ static int run_helper_with_input(const void *input, size_t len)
     return st;
 }
 
+static int run_helper_with_input(const void *input, size_t len)
+{
+    return run_helper_err(input, len, -1);
+}
+
+/* A request whose family is 255: malformed. */
+static void bad_request(uint8_t *bad)
+{
+    kw_keys_key k = fake_key(KW_K_INDEX_CONVERSION, 1);
+    kw__pool_hdr_put(bad, KW__POOL_T_REQUEST, KW__POOL_REQ_LEN);
+    kw__pool_req_put(bad + KW__POOL_HDR_LEN, &k);
+    bad[KW__POOL_HDR_LEN] = 0xff;
+}
+
 Test(pool_frame, helper_exits_0_at_eof_and_2_on_a_malformed_request)
 {
     int st = run_helper_with_input("", 0);
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %#x", st);
     uint8_t bad[KW__POOL_HDR_LEN + KW__POOL_REQ_LEN];
-    kw_keys_key k = fake_key(KW_K_INDEX_CONVERSION, 1);
-    kw__pool_hdr_put(bad, KW__POOL_T_REQUEST, KW__POOL_REQ_LEN);
-    kw__pool_req_put(bad + KW__POOL_HDR_LEN, &k);
-    bad[KW__POOL_HDR_LEN] = 0xff; /* family 255 */
+    bad_request(bad);
     st = run_helper_with_input(bad, sizeof bad);
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2, "status %#x", st);
+}
+
+/* Runs the helper on input with stderr to a file; returns what it wrote
+ * there (free it) and its exit code in *code.  journal: JOURNAL_STREAM
+ * names that file (as systemd names the journal's stream), else another. */
+static char *helper_stderr(const void *input, size_t len, bool journal,
+                           int *code)
+{
+    char path[] = "/tmp/kw-test-helper-err-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    struct stat st;
+    cr_assert_eq(fstat(fd, &st), 0);
+    char js[64];
+    snprintf(js, sizeof js, "%llu:%llu", (unsigned long long)st.st_dev,
+             (unsigned long long)st.st_ino + (journal ? 0 : 1));
+    cr_assert_eq(setenv("JOURNAL_STREAM", js, 1), 0);
+    int ws = run_helper_err(input, len, fd);
+    cr_assert_eq(unsetenv("JOURNAL_STREAM"), 0);
+    cr_assert(WIFEXITED(ws), "status %#x", ws);
+    *code = WEXITSTATUS(ws);
+    close(fd);
+    char *text = kw_test_read_file(path, NULL);
+    unlink(path);
+    return text ? text : strdup("");
+}
+
+/* The journald priority prefix only when stderr is the journal's stream
+ * (JOURNAL_STREAM's device:inode), and a pool gone mid-frame is no
+ * malformed frame: nothing to say, exit 0 (issue 24: an interrupted
+ * prewarm ended with "<3>kwarm-compile: malformed request frame" twice). */
+Test(pool_frame, helper_prefixes_priorities_only_on_journald_and_is_quiet_at_eof)
+{
+    uint8_t bad[KW__POOL_HDR_LEN + KW__POOL_REQ_LEN];
+    bad_request(bad);
+    int code;
+    char *off = helper_stderr(bad, sizeof bad, false, &code);
+    cr_expect_eq(code, 2);
+    cr_expect_str_eq(off, "kwarm-compile: malformed request frame\n");
+    char *on = helper_stderr(bad, sizeof bad, true, &code);
+    cr_expect_eq(code, 2);
+    cr_expect_str_eq(on, "<3>kwarm-compile: malformed request frame\n");
+    free(off);
+    free(on);
+    size_t cut[2] = {KW__POOL_HDR_LEN / 2, KW__POOL_HDR_LEN + 3};
+    bad_request(bad);
+    bad[KW__POOL_HDR_LEN] = KW_K_INDEX_CONVERSION; /* a good frame, cut */
+    for (int i = 0; i < 2; i++) { /* the pool died mid-frame */
+        char *err = helper_stderr(bad, cut[i], true, &code);
+        cr_expect_eq(code, 0, "cut at %zu", cut[i]);
+        cr_expect_str_eq(err, "", "cut at %zu", cut[i]);
+        free(err);
+    }
 }

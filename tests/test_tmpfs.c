@@ -3,6 +3,8 @@
  * every prewarm that fits the limit working; with a limit above the
  * filesystem, the failures are clear and nothing is corrupted.  Needs
  * root (mount); skips cleanly otherwise. */
+#include "daemon_util.h" /* first: it asks for _GNU_SOURCE */
+
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <stdio.h>
@@ -19,6 +21,7 @@
 #define V32 KW_FIXTURES "/deepseek-v3.2-exp.json"
 
 static char mnt[64], cache[128];
+static char kwd_mnt[300]; /* a kwarmd's cache directory, when mounted */
 
 static void setup(void)
 {
@@ -28,17 +31,25 @@ static void setup(void)
 
 static void teardown(void)
 {
+    if (kwd_mnt[0] != '\0')
+        umount(kwd_mnt);
+    kwd_cleanup();
     umount(mnt);
     kw_test_rmtree(mnt);
 }
 
-/* Mounts a tmpfs of kb KiB at mnt, or skips the test. */
-static void mount_small(unsigned kb)
+/* Mounts a tmpfs of kb KiB at path, or skips the test. */
+static void mount_at(const char *path, unsigned kb)
 {
     char opts[32];
     snprintf(opts, sizeof opts, "size=%uk,mode=0700", kb);
-    if (geteuid() != 0 || mount("tmpfs", mnt, "tmpfs", 0, opts) != 0)
+    if (geteuid() != 0 || mount("tmpfs", path, "tmpfs", 0, opts) != 0)
         cr_skip_test("cannot mount a tmpfs here (%s)", strerror(errno));
+}
+
+static void mount_small(unsigned kb)
+{
+    mount_at(mnt, kb);
 }
 
 /* Runs kwarm prewarm of model at DCP world W (all ranks, or rank) into
@@ -99,9 +110,92 @@ Test(tmpfs, full_filesystem_fails_clearly_without_corruption, .init = setup,
     char *err = NULL;
     int st = prewarm(V4, "8", "all", "64M", &err);
     cr_expect_eq(st, 1, "a prewarm that cannot store exits 1");
-    cr_expect(strstr(err, "disk full") != NULL || strstr(err, "No space") != NULL,
+    cr_expect(strstr(err, "is on a full disk") != NULL,
               "stderr does not say the disk is full: %s", err);
     free(err);
     kw_cache_stats s = verify_all();
     cr_expect_gt(s.entries, 0, "what fitted was kept");
+}
+
+/* Lines of s holding needle. */
+static int lines_with(const char *s, const char *needle)
+{
+    int n = 0;
+    for (const char *p = s; (p = strstr(p, needle)) != NULL; p++)
+        n++;
+    return n;
+}
+
+/* A full disk, and nothing pinned: one line for the run names the cache
+ * and the number of keys not stored, and blames the disk, not pins or a
+ * buffer (issue 24).  Compiles are instant 200 KB stand-ins: six fit in
+ * 1.5 MB, V3.2's other 20 keys do not. */
+Test(tmpfs, full_disk_is_one_line_naming_the_cache_and_the_keys_not_stored,
+     .init = setup, .fini = teardown, .timeout = 120)
+{
+    mount_small(1500);
+    cr_assert_eq(setenv("KWARM_TEST_INSTANT_COMPILE", "204800", 1), 0);
+    const char *argv[] = {KW_KWARM_BIN, "prewarm", "--model", V32, "--cache",
+                          cache, "--max-size", "64M", "--jobs", "2", "--json",
+                          "--quiet", NULL};
+    char *out = NULL, *err = NULL;
+    int st = kw_test_run(argv, &out, &err);
+    cr_expect_eq(st, 1, "a prewarm that cannot store exits 1");
+    long failed = -1;
+    const char *f = out ? strstr(out, "\"failed\": ") : NULL;
+    cr_assert(f != NULL && sscanf(f, "\"failed\": %ld", &failed) == 1,
+              "stdout: %s", out);
+    cr_expect_gt(failed, 0);
+    char want[256];
+    snprintf(want, sizeof want, "kwarm prewarm: %ld keys compiled but not "
+             "stored: no space left on the cache's disk: %s is on a full "
+             "disk", failed, cache);
+    cr_expect_eq(lines_with(err, want), 1, "stderr: %s", err);
+    cr_expect_eq(lines_with(err, "\n"), 1, "one line (--quiet: no "
+                 "progress): %s", err);
+    cr_expect_eq(lines_with(err, "pinned"), 0, "nothing was pinned: %s", err);
+    cr_expect_eq(lines_with(err, "buffer"), 0, "%s", err);
+    free(out);
+    free(err);
+    kw_cache_stats s = verify_all();
+    cr_expect_eq(s.entries + (uint64_t)failed, 26, "what fitted was kept");
+    cr_expect_eq(s.compiles, s.entries);
+}
+
+/* The same through kwarmd: kwarm warmup ends with one line for the keys
+ * kwarmd compiled but could not store, not a failure per key.  The
+ * cache directory itself is the small tmpfs. */
+Test(tmpfs, full_disk_under_kwarmd_is_one_line_of_the_warmup,
+     .init = setup, .fini = teardown, .timeout = 120)
+{
+    cr_assert_eq(setenv("KWARM_TEST_INSTANT_COMPILE", "204800", 1), 0);
+    kwd d;
+    kwd_init(&d, "tmpfs-kwd");
+    cr_assert_eq(mkdir(d.cache, 0700), 0);
+    snprintf(kwd_mnt, sizeof kwd_mnt, "%s", d.cache); /* for teardown */
+    mount_at(d.cache, 1500);
+    kwd_start(&d, 2, (const char *const[]){"--max-size", "64M", NULL});
+    const char *args[] = {"warmup", "--model", V32, "--socket", d.sock,
+                          "--quiet", NULL};
+    char *out = NULL, *err = NULL;
+    cr_expect_eq(kw_test_kwarm(args, &out, &err), 1);
+    long failed = -1;
+    const char *f = strstr(out, " compiled, 0 hits, 0 remote hits, ");
+    cr_assert(f != NULL && sscanf(f, " compiled, 0 hits, 0 remote hits, %ld",
+                                  &failed) == 1, "stdout: %s", out);
+    char want[512];
+    snprintf(want, sizeof want, "kwarm warmup: %ld keys compiled but not "
+             "stored: no space left on the cache's disk: %s is on a full "
+             "disk", failed, d.cache);
+    cr_expect_gt(failed, 0);
+    cr_expect_eq(lines_with(err, want), 1, "stderr: %s", err);
+    cr_expect_eq(lines_with(err, "\n"), 1, "one line: %s", err);
+    free(out);
+    free(err);
+    kwc c;
+    kwc_must_open(&c, d.sock);
+    kwd_down(&d, &c);
+    cr_expect_eq(umount(kwd_mnt), 0);
+    kwd_mnt[0] = '\0';
+    kwd_forget(&d);
 }

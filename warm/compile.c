@@ -1,11 +1,13 @@
 /* compile.c: the compile threads.
  *
- * A compile thread takes the oldest queued flight, asks the fleet tier,
- * else compiles it in a worker process and hands the result to the store
- * stage (store.c), which puts it, queues its write-back to the fleet
- * (writeback.c), then takes the flight out of the table and serves every
- * waiter (flight.c).  The flight leaves the table only after the put, so
- * a request arriving meanwhile either joins it or finds the entry cached.
+ * A compile thread takes the oldest queued flight, claims its key across
+ * processes (claim_flight), asks the fleet tier, else compiles it in a
+ * worker process and hands the result to the store stage (store.c),
+ * which puts it, queues its write-back to the fleet (writeback.c), then
+ * takes the flight out of the table and serves every waiter (flight.c),
+ * which drops the claim.  The flight leaves the table only after the
+ * put, so a request arriving meanwhile either joins it or finds the entry
+ * cached, and so does another process once it holds the claim.
  */
 #include "internal.h"
 
@@ -114,6 +116,47 @@ static bool run_flight(kw_warm *w, flight *f, outcome *out)
     return rc == 0;
 }
 
+/* What claiming a flight's key came to. */
+typedef enum claim_step {
+    CLAIM_GO,    /* claimed, or no claims here: compile it */
+    CLAIM_LATER, /* another process holds it: f is back in the queue */
+    CLAIM_DONE,  /* *o says: the holder stored it (a hit), or stopping */
+} claim_step;
+
+/* Claims f's key across processes before it is fetched or compiled
+ * (kw_cache_claim_take), so that two prewarms, or a prewarm and kwarmd, of
+ * one cache compile it once between them.  The first time another
+ * process holds the claim, f goes back to the queue's tail and this
+ * thread takes other work; the next time, it waits (polling, ending
+ * when the pipeline stops).  Once claimed, an entry that is there now
+ * was stored by the other holder: a hit, not a compile (unless a waiter
+ * saw the entry corrupt: it is compiled again).  No lock held. */
+static claim_step claim_flight(kw_warm *w, flight *f, outcome *o)
+{
+    if (w->o.read_only) /* nothing is compiled: nothing to claim */
+        return CLAIM_GO;
+    int rc = kw_cache_claim_take(w->o.cache, f->key.digest, f->deferred,
+                                 is_stopping, w, &f->claim);
+    if (rc == -EAGAIN) {
+        pthread_mutex_lock(&w->mu);
+        f->deferred = true;
+        kw_queue_push(&w->compile_q, &f->qnode);
+        w->nqueued++;
+        pthread_mutex_unlock(&w->mu);
+        return CLAIM_LATER;
+    }
+    if (rc == -ECANCELED) {
+        *o = (outcome){KW_WARM_CANCELLED, -ECANCELED, NULL};
+        return CLAIM_DONE;
+    }
+    if (f->claim != NULL && !f->purge &&
+        kw_cache_contains(w->o.cache, f->key.digest)) {
+        *o = (outcome){KW_WARM_HIT, 0, NULL};
+        return CLAIM_DONE;
+    }
+    return CLAIM_GO; /* KW_ENOMEM too: compiled unclaimed */
+}
+
 /* True when every waiter's job was cancelled: nobody wants the result. */
 static bool unwanted(const flight *f)
 {
@@ -175,7 +218,12 @@ void *kw__warm_compile_main(void *arg)
             kw__warm_table_remove(w, f);
         pthread_mutex_unlock(&w->mu);
         outcome o = {KW_WARM_CANCELLED, -ECANCELED, NULL};
-        if (skip || !run_flight(w, f, &o))
+        claim_step cs = skip ? CLAIM_DONE : claim_flight(w, f, &o);
+        if (cs == CLAIM_LATER) {
+            pthread_mutex_lock(&w->mu);
+            continue;
+        }
+        if (cs == CLAIM_DONE || !run_flight(w, f, &o))
             kw__warm_finish(w, f, !skip, &o);
         free(o.log);
         pthread_mutex_lock(&w->mu);

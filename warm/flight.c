@@ -93,6 +93,10 @@ void kw__warm_finish(kw_warm *w, flight *f, bool in_table, const outcome *o)
     waiter *list = f->waiters;
     f->waiters = NULL;
     pthread_mutex_unlock(&w->mu);
+    /* The entry is committed (or will not be): another process waiting
+     * on the key's claim may look again. */
+    kw_cache_claim_drop(f->claim);
+    f->claim = NULL;
     while (list != NULL) {
         waiter *next = list->next;
         kw_warm_job *job = list->job;

@@ -25,6 +25,9 @@ typedef struct flight {
     kw_keys_key key;
     waiter *waiters;     /* guarded by w->mu */
     bool purge;          /* a waiter saw a corrupt entry (KW_WARM_PURGE) */
+    bool deferred;       /* its claim was held elsewhere once: requeued */
+    kw_cache_claim *claim; /* held from before its compile until it ends
+                              (kw__warm_finish drops it), or NULL */
     kw_queue_node qnode;   /* in the compile queue, guarded by w->mu */
     struct flight *next_h; /* table chain, guarded by w->mu */
 } flight;

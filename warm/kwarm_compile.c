@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -53,6 +54,25 @@ const char *__asan_default_options(void)
 }
 #endif
 
+/* The priority prefix p ("<3>") when stderr is journald's own stream,
+ * else "".  systemd sets JOURNAL_STREAM to that stream's "device:inode"
+ * (sd_journal_stream_fd(3)); a process that inherited the variable but
+ * writes elsewhere (a prewarm run from a shell of a unit, a redirect)
+ * must not prefix, so stderr itself is compared. */
+static const char *prio(const char *p)
+{
+    const char *js = getenv("JOURNAL_STREAM");
+    unsigned long long dev, ino;
+    struct stat st;
+    if (js == NULL || sscanf(js, "%llu:%llu", &dev, &ino) != 2 ||
+        fstat(2, &st) < 0)
+        return "";
+    return (unsigned long long)st.st_dev == dev &&
+                   (unsigned long long)st.st_ino == ino
+               ? p
+               : "";
+}
+
 /* What the test hooks of pool.h ask for (all off in production). */
 typedef struct hooks {
     bool instant;
@@ -68,7 +88,8 @@ static int hook_family(const char *var)
     if (v == NULL || *v == '\0')
         return -1;
     if (kw_keys_family_from_name(v, &f) < 0) {
-        fprintf(stderr, "<4>kwarm-compile: %s=%s names no family\n", var, v);
+        fprintf(stderr, "%skwarm-compile: %s=%s names no family\n",
+                prio("<4>"), var, v);
         return -1;
     }
     return (int)f;
@@ -116,7 +137,7 @@ static void preload_builtins(void)
         return;
     snprintf(name, sizeof name, "libnvrtc-builtins.so.%d.%d", major, minor);
     if (dlopen(name, RTLD_NOW | RTLD_GLOBAL) == NULL)
-        fprintf(stderr, "<4>kwarm-compile: %s\n", dlerror());
+        fprintf(stderr, "%skwarm-compile: %s\n", prio("<4>"), dlerror());
 }
 
 /* The memory limit, for the fatal-signal handler (set once in main before
@@ -220,7 +241,8 @@ static int set_mem_limit(uint64_t limit)
 #endif
     rl.rlim_cur = rl.rlim_max = (rlim_t)(g_mem.base + limit);
     if (setrlimit(KW_MEM_RLIMIT, &rl) < 0) {
-        fprintf(stderr, "<3>kwarm-compile: setrlimit: %s\n", strerror(errno));
+        fprintf(stderr, "%skwarm-compile: setrlimit: %s\n", prio("<3>"),
+                strerror(errno));
         return -1;
     }
     catch_fatal_signals();
@@ -309,6 +331,20 @@ static bool failed_for_memory(int rc, const char *log)
 #endif
 }
 
+/* The hang hook: never answers, and exits once stdin reaches EOF (no
+ * request comes while one is in flight, so EOF means the pool is gone).
+ * A test that kills the pool's process, SIGKILL included, leaves no
+ * worker behind, as pause() did. */
+static void hang_until_eof(void)
+{
+    char b;
+    for (;;) {
+        ssize_t n = read(0, &b, 1);
+        if (n == 0 || (n < 0 && errno != EINTR))
+            _exit(0);
+    }
+}
+
 /* Compiles k and answers.  A compile that failed under the memory limit is
  * reported as KW__POOL_EMEMLIMIT (with NVRTC's log) so the pool names the
  * limit. */
@@ -316,8 +352,8 @@ static int answer_compile(const kw_keys_key *k, const hooks *h)
 {
     if ((int)k->family == h->crash_family)
         abort();
-    while ((int)k->family == h->hang_family)
-        pause();
+    if ((int)k->family == h->hang_family)
+        hang_until_eof();
     if (h->instant)
         return answer_instant(k, h->instant_size);
     kw_jit_result r;
@@ -347,13 +383,18 @@ static int serve(const hooks *h)
         uint8_t hdr[KW__POOL_HDR_LEN], body[KW__POOL_REQ_LEN];
         uint32_t len;
         kw_keys_key k;
-        int got = read_full(0, hdr, sizeof hdr);
-        if (got == 0)
+        /* EOF, or a read error (ECONNRESET: the pool died with our last
+         * answer unread), at any point of a frame: the pool is gone, and
+         * there is nobody to tell.  Only bytes that came and do not parse
+         * are a malformed frame. */
+        if (read_full(0, hdr, sizeof hdr) != 1)
             return 0;
-        if (got < 0 || kw__pool_hdr_parse(hdr, KW__POOL_T_REQUEST, &len) < 0 ||
-            read_full(0, body, sizeof body) != 1 ||
-            kw__pool_req_parse(body, &k) < 0) {
-            fprintf(stderr, "<3>kwarm-compile: malformed request frame\n");
+        bool ok = kw__pool_hdr_parse(hdr, KW__POOL_T_REQUEST, &len) == 0;
+        if (ok && read_full(0, body, sizeof body) != 1)
+            return 0;
+        if (!ok || kw__pool_req_parse(body, &k) < 0) {
+            fprintf(stderr, "%skwarm-compile: malformed request frame\n",
+                    prio("<3>"));
             return 2;
         }
         if (answer_compile(&k, h) < 0)

@@ -91,8 +91,9 @@
  *       instead, for tests that need large replies.
  *   KWARM_TEST_CRASH_FAMILY=<name> abort() on a request for that family
  *       (kw_keys_family_name), e.g. "dcp_stable_topk".
- *   KWARM_TEST_HANG_FAMILY=<name>  sleep forever on a request for that
- *       family (for the timeout test).
+ *   KWARM_TEST_HANG_FAMILY=<name>  never answer a request for that
+ *       family (for the timeout test); the worker exits when its stdin
+ *       closes, so killing the pool's process leaves none behind.
  */
 #ifndef KW_WARM_POOL_H
 #define KW_WARM_POOL_H

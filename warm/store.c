@@ -67,7 +67,7 @@ static void settle(kw_warm *w, stored *s, int rc)
     if (rc == 0) {
         atomic_fetch_add(&w->st.compiles, 1);
         atomic_fetch_add(&w->st.fam_compiles[s->f->key.family], 1);
-        kw_cache_count(w->o.cache, KW_CACHE_COMPILES, 1);
+        /* the cache's "compiles" was counted by the put itself */
     } else {
         atomic_fetch_add(&w->st.store_failures, 1);
         const char *why = kw_cache_last_error(w->o.cache);
@@ -101,8 +101,9 @@ static void store_group(kw_warm *w, stored *list, size_t n)
     size_t i = 0;
     /* Out of memory, every key of the group fails with KW_ENOMEM. */
     for (stored *s = items && rcs ? list : NULL; s != NULL; s = next_of(s), i++) {
-        items[i] = (kw_cache_item){s->f->key.digest, &s->info, s->r.cubin,
-                                   s->r.cubin_len, false};
+        items[i] = (kw_cache_item){.digest = s->f->key.digest,
+                                   .info = &s->info, .blob = s->r.cubin,
+                                   .len = s->r.cubin_len, .compiled = true};
         purge |= s->f->purge;
     }
     if (purge)
