@@ -1,6 +1,8 @@
 /* log.c: kwarmd's log lines (log.h says the format). */
 #include "log.h"
 
+#include "kw_journal.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,8 +16,8 @@ static bool journal; /* set once with kw__log_level */
 void kw__log_init(int level)
 {
     kw__log_level = level;
-    const char *js = getenv("JOURNAL_STREAM");
-    journal = js != NULL && js[0] != '\0';
+    journal = kw_journal_stderr(); /* not a JOURNAL_STREAM inherited by a
+                                       kwarmd writing elsewhere */
 }
 
 int kw__log_level_from_name(const char *name)

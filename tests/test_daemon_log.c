@@ -4,7 +4,9 @@
  * --version of both programs. */
 #include "daemon_util.h"
 
+#include <fcntl.h>
 #include <regex.h>
+#include <sys/stat.h>
 
 /* Each test's daemons are killed and their directories removed. */
 TestSuite(daemon_log, .fini = kwd_cleanup);
@@ -52,12 +54,44 @@ Test(daemon_log, lines_carry_an_rfc3339_time_and_a_level_off_journald)
     free(log);
 }
 
-Test(daemon_log, under_journald_lines_start_with_their_priority)
+/* A JOURNAL_STREAM naming the file kwarmd's stderr is (as systemd names
+ * its stream): journald's format. */
+static void journal_is_the_log(const kwd *d)
+{
+    int fd = open(d->log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    struct stat st;
+    cr_assert(fd >= 0 && fstat(fd, &st) == 0, "%s", d->log);
+    close(fd);
+    char js[64];
+    snprintf(js, sizeof js, "%llu:%llu", (unsigned long long)st.st_dev,
+             (unsigned long long)st.st_ino);
+    cr_assert_eq(setenv("JOURNAL_STREAM", js, 1), 0);
+}
+
+/* An inherited JOURNAL_STREAM naming another stream than stderr (a
+ * kwarmd started from a shell of a unit, its stderr redirected) keeps
+ * the terminal's format. */
+Test(daemon_log, a_journal_stream_that_is_not_stderr_is_ignored)
 {
     cr_assert_eq(setenv("JOURNAL_STREAM", "8:12345", 1), 0);
     kwd d;
     kwc c;
+    kwd_up(&d, "kwl-nojournal", 1, NULL, &c);
+    kwd_down(&d, &c);
+    cr_assert_eq(unsetenv("JOURNAL_STREAM"), 0);
+    char *log = kwd_log(d.log);
+    cr_expect(!matches(log, "^<[0-9]>"), "prefixed: %s", log);
+    cr_expect(matches(log, "^[0-9]{4}-[0-9]{2}-[0-9]{2}T.* kwarmd\\[[0-9]+\\] info: "
+                           "listening on "), "%s", log);
+    free(log);
+}
+
+Test(daemon_log, under_journald_lines_start_with_their_priority)
+{
+    kwd d;
+    kwc c;
     kwd_init(&d, "kwl-journal");
+    journal_is_the_log(&d);
     kwd_start(&d, 1, (const char *const[]){"--deny-root", NULL});
     kwc_must_open(&c, d.sock);
     cr_assert_eq(kwc_send(&c, KW_PROTO_PING, NULL), 0);

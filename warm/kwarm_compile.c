@@ -30,6 +30,7 @@
 
 #include "kw_bytes.h"
 #include "kw_err.h"
+#include "kw_journal.h"
 #include "kw_keys.h"
 #include "kw_parse.h"
 #include "pool_frame.h"
@@ -55,22 +56,10 @@ const char *__asan_default_options(void)
 #endif
 
 /* The priority prefix p ("<3>") when stderr is journald's own stream,
- * else "".  systemd sets JOURNAL_STREAM to that stream's "device:inode"
- * (sd_journal_stream_fd(3)); a process that inherited the variable but
- * writes elsewhere (a prewarm run from a shell of a unit, a redirect)
- * must not prefix, so stderr itself is compared. */
+ * else "" (kw_journal_stderr). */
 static const char *prio(const char *p)
 {
-    const char *js = getenv("JOURNAL_STREAM");
-    unsigned long long dev, ino;
-    struct stat st;
-    if (js == NULL || sscanf(js, "%llu:%llu", &dev, &ino) != 2 ||
-        fstat(2, &st) < 0)
-        return "";
-    return (unsigned long long)st.st_dev == dev &&
-                   (unsigned long long)st.st_ino == ino
-               ? p
-               : "";
+    return kw_journal_stderr() ? p : "";
 }
 
 /* What the test hooks of pool.h ask for (all off in production). */
