@@ -59,7 +59,8 @@ void kw__cache_claims_init(kw_cache *c, const char *dir)
         return;
     }
     snprintf(path, n, "%s/claims", dir);
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    /* 0640, as the LMDB files (open.c): the group of the cache reads it */
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0640);
     if (fd < 0) {
         snprintf(c->claims_note, sizeof c->claims_note,
                  "%s: %s: two writers of this cache may compile one key "

@@ -75,8 +75,8 @@ Test(cache, its_files_are_readable_by_the_group_and_nobody_else)
     mode_t old = umask(022);
     kw_cache *c = tc_open(dir, 0, false);
     umask(old);
-    static const char *const files[] = {"data.mdb", "lock.mdb"};
-    for (size_t i = 0; i < 2; i++) {
+    static const char *const files[] = {"data.mdb", "lock.mdb", "claims"};
+    for (size_t i = 0; i < 3; i++) {
         char path[600];
         struct stat st;
         snprintf(path, sizeof path, "%s/%s", dir, files[i]);
