@@ -4,7 +4,7 @@
  * in kernels/derive.c (the family table); kw_keys_derive() runs them for
  * every rank the deployment names, keeps the first of equal keys (a hash
  * index over the fields), then crosses the result with every arch and
- * digests each key.
+ * digests each key, or packs it (kw_keys_derive_packed: keypack.c).
  */
 #include "kw_keys.h"
 
@@ -129,10 +129,18 @@ static int derive_family(derive_in *in, kw_k_family f, keyvec *kv)
     return kv->rc;
 }
 
+/* Where a derivation's keys go: a set of whole keys (digested), or a
+ * packed set (not digested: a reader digests each key it reads). */
+typedef struct sink {
+    kw_keys_set *set;
+    kw_keys_packed *pk;
+    int64_t *workspace_rows, *workspace_bytes;
+} sink;
+
 /* §5: the chunked-prefill workspace.  Computed in 128 bits, so absurd but
  * valid deployments report an overflow instead of wrapping. */
 static int workspace(const kw_config_model *m, const kw_config_deploy *d,
-                     kw_keys_set *out, char *err, size_t errlen)
+                     sink *out, char *err, size_t errlen)
 {
     typedef __int128 i128;
     i128 mml = d->max_model_len, bs = d->block_size, W = d->dcp_world;
@@ -155,18 +163,38 @@ static int workspace(const kw_config_model *m, const kw_config_deploy *d,
                         (long long)d->block_size, (long long)d->dcp_world);
         return KW_EDEPLOY;
     }
-    out->workspace_rows = (int64_t)ws;
-    out->workspace_bytes = (int64_t)bytes;
+    *out->workspace_rows = (int64_t)ws;
+    *out->workspace_bytes = (int64_t)bytes;
     return 0;
 }
 
-/* Crosses one family's keys with every arch and digests them into out. */
+static size_t sink_n(const sink *s)
+{
+    return s->set != NULL ? s->set->nkeys : s->pk->n;
+}
+
+/* Crosses one family's keys with every arch into s's packed set. */
+static int emit_packed(const keyvec *kv, const kw_config_deploy *d, sink *s)
+{
+    for (size_t i = 0; i < kv->n; i++)
+        for (size_t a = 0; a < d->narch; a++) {
+            int rc = kw__keys_pack_add(s->pk, kv->family, (int)a, kv->rows[i]);
+            if (rc < 0)
+                return rc;
+        }
+    return 0;
+}
+
+/* Crosses one family's keys with every arch and digests them into s. */
 static int emit(const keyvec *kv, const kw_config_deploy *d,
-                const kw__keys_digest_ctx *ctx, kw_keys_set *out)
+                const kw__keys_digest_ctx *ctx, sink *s)
 {
     size_t add = kv->n * d->narch;
-    if (out->nkeys + add > KW_KEYS_MAX)
+    if (sink_n(s) + add > KW_KEYS_MAX)
         return KW_E2BIG;
+    if (s->pk != NULL)
+        return emit_packed(kv, d, s);
+    kw_keys_set *out = s->set;
     kw_keys_key *keys = realloc(out->keys, (out->nkeys + add) * sizeof *keys);
     if (keys == NULL && out->nkeys + add > 0)
         return KW_ENOMEM;
@@ -217,19 +245,21 @@ static int derive_setup(derive_in *in, int64_t *rp, int64_t *rs,
     return 0;
 }
 
-int kw_keys_derive(const kw_config_model *m, const kw_config_deploy *d,
-                   kw_keys_set *out, char *err, size_t errlen)
+/* The derivation of kw_keys_derive() and kw_keys_derive_packed() into
+ * s; the caller empties s on error. */
+static int derive(const kw_config_model *m, const kw_config_deploy *d, sink *s,
+                  char *err, size_t errlen)
 {
     int64_t *rp = malloc((KW_CONFIG_MAX_RATIOS + 2) * 2 * sizeof *rp);
     derive_in in;
     kw__keys_digest_ctx ctx;
-    memset(out, 0, sizeof *out);
     if (rp == NULL)
         return KW_ENOMEM;
     int rc = derive_setup(&in, rp, rp + KW_CONFIG_MAX_RATIOS + 2, m, d, err,
                           errlen);
     if (rc == 0)
-        rc = workspace(m, d, out, err, errlen);
+        rc = workspace(m, d, s, err, errlen);
+    /* The packed set digests nothing now, but its readers will. */
     if (rc == 0 && (rc = kw__keys_digest_init(&ctx)) < 0)
         kw__config_errf(err, errlen, "NVRTC version query failed: %s",
                         kw_strerror(rc));
@@ -237,7 +267,7 @@ int kw_keys_derive(const kw_config_model *m, const kw_config_deploy *d,
         keyvec kv = {0};
         rc = derive_family(&in, (kw_k_family)f, &kv);
         if (rc == 0)
-            rc = emit(&kv, d, &ctx, out);
+            rc = emit(&kv, d, &ctx, s);
         keyvec_destroy(&kv);
     }
     if (rc == KW_E2BIG) {
@@ -247,8 +277,34 @@ int kw_keys_derive(const kw_config_model *m, const kw_config_deploy *d,
         rc = KW_EDEPLOY;
     }
     free(rp);
+    return rc;
+}
+
+int kw_keys_derive(const kw_config_model *m, const kw_config_deploy *d,
+                   kw_keys_set *out, char *err, size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    sink s = {.set = out, .workspace_rows = &out->workspace_rows,
+              .workspace_bytes = &out->workspace_bytes};
+    int rc = derive(m, d, &s, err, errlen);
     if (rc < 0)
         kw_keys_set_destroy(out);
+    return rc;
+}
+
+int kw_keys_derive_packed(const kw_config_model *m, const kw_config_deploy *d,
+                          kw_keys_packed *p, char *err, size_t errlen)
+{
+    kw_keys_pack_init(p);
+    p->narchs = d->narch;
+    memcpy(p->archs, d->arch, d->narch * sizeof p->archs[0]);
+    sink s = {.pk = p, .workspace_rows = &p->workspace_rows,
+              .workspace_bytes = &p->workspace_bytes};
+    int rc = derive(m, d, &s, err, errlen);
+    if (rc < 0)
+        kw_keys_pack_destroy(p);
+    else
+        kw__keys_pack_shrink(p);
     return rc;
 }
 
