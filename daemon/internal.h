@@ -1,5 +1,5 @@
-/* internal.h: the base of daemon/ (kw__daemon_, kw__audit_, kw__keypack_,
- * kw__alloc_; not API): kwarmd's shared state and what every layer uses.
+/* internal.h: the base of daemon/ (kw__daemon_, kw__audit_, kw__alloc_;
+ * not API): kwarmd's shared state and what every layer uses.
  *
  * daemon/ is layered, each layer with its header, each file including
  * and calling only its own layer and those below (issue 23):
@@ -17,9 +17,8 @@
  *                          state, connections, reads, writes, caps
  *                          (server.c, peer.c, hits.c)
  *   internal.h             this base: the daemon's state, the miss audit
- *                          (audit.c), packed keys (keypack.c), the test
- *                          allocation hook (alloc_hook.c), metrics.h,
- *                          log.h
+ *                          (audit.c), the test allocation hook
+ *                          (alloc_hook.c), metrics.h, log.h
  *
  * A lower layer reaches a higher one only through the function pointers
  * of kw__upcalls, which daemon.c fills in before anything runs.
@@ -129,24 +128,6 @@ uint64_t kw__audit_now(void);
  * form of a get's key, and of the audit file's records). */
 int kw__key_from_json(const cJSON *h, kw_keys_key *k, char *err, size_t errlen);
 
-/* A derived key set packed for streaming (keypack.c): about 12 bytes a
- * key instead of 152 (fields as varints, the digest computed again when
- * a key is read back), in the set's own buffer. */
-typedef struct kw__keypack {
-    uint8_t *buf;      /* packed keys, or NULL */
-    kw_keys_key *keys; /* the set as it was, when a key does not pack */
-    size_t n;
-    char archs[KW_CONFIG_MAX_ARCH][KW_CONFIG_ARCH_LEN];
-    size_t narchs;
-} kw__keypack;
-
-/* Takes set's keys into p (set is left empty). */
-void kw__keypack_take(kw__keypack *p, kw_keys_set *set);
-/* Unpacks key i, whose packed bytes start at off (0 for the first), into
- * k; returns where key i + 1 starts.  Keys are read in order. */
-size_t kw__keypack_next(const kw__keypack *p, size_t i, size_t off,
-                        kw_keys_key *k);
-void kw__keypack_free(kw__keypack *p);
 
 /* The allocation-failure test hook (alloc_hook.c): KWARMD_TEST_FAIL_ALLOC=TYPE
  * ("stats", "ping", ...) makes every cJSON allocation fail while a thread
