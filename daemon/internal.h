@@ -198,6 +198,8 @@ typedef struct kw__daemon {
     bool test_peercred_fail; /* KWARMD_TEST_PEERCRED_FAIL: tests only */
     bool alloc_hook;         /* KWARMD_TEST_ALLOC_HOOK: tests only */
     uint64_t alloc_at_stop;  /* KWARMD_TEST_ALLOC_AT_STOP: tests only */
+    int flush_ev_fd, flush_hold_fd; /* KWARMD_TEST_FLUSH_FIFOS: tests only;
+                                       -1 without */
     _Atomic bool alloc_fired; /* the last armed request's failure happened */
     _Atomic bool warned_max_conn; /* the connection cap was logged, not
                                      yet cleared */
