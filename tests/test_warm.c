@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "kw_alloc.h"
 #include "kw_cache.h"
 #include "kw_config.h"
 #include "kw_err.h"
@@ -361,6 +362,55 @@ Test(warm, submit_packed_takes_the_keys_and_gives_each_result_its_key)
                  -ECANCELED);
     cr_expect_eq(p.n, 1, "refused: still the caller's");
     kw_keys_pack_destroy(&p);
+    seen_destroy(&s);
+    kw_keys_set_destroy(&set);
+    rig_down(&r);
+}
+
+/* warm/store.c's check of its group's allocations (issue 23, point 6),
+ * reached through common/kw_alloc.h's hook, SQLite-style: for every N
+ * until no allocation is left to fail, the N-th allocation of a one-key
+ * job fails.  Each time the key gets exactly one result (or the submit is
+ * refused with KW_ENOMEM), and some N fails the store group's own
+ * allocation, which fails the key with the store's out-of-memory reason.
+ * The pipeline then compiles and stores a key as before. */
+Test(warm, a_failed_allocation_of_the_store_stage_fails_its_keys_only)
+{
+    instant();
+    rig r;
+    rig_up(&r, "warm-store-oom", 1, 0);
+    kw_keys_set set = derive("deepseek-v4-flash.json", 64, "sm_90,sm_100");
+    char want[128];
+    snprintf(want, sizeof want, "store: %s", kw_strerror(KW_ENOMEM));
+    size_t store_oom = 0, n = 1;
+    for (bool fired = true; fired; n++) {
+        cr_assert(n + 1 < set.nkeys, "still failing at N = %zu", n);
+        seen s;
+        seen_init(&s, 1);
+        kw_alloc_fail_at(n);
+        int rc = kw_warm_submit(r.warm, &set.keys[n], 1, 0, on_result, &s, NULL);
+        if (rc == 0)
+            seen_wait(&s);
+        fired = kw_alloc_failed();
+        kw_alloc_fail_at(0);
+        cr_assert(rc == 0 || rc == KW_ENOMEM, "N = %zu: submit %d", n, rc);
+        if (rc == 0) {
+            cr_expect_eq(s.n, 1, "N = %zu: %zu results", n, s.n);
+            cr_expect_not(s.bad_order, "N = %zu", n);
+        }
+        if (rc == 0 && s.count[KW_WARM_FAILED] == 1 &&
+            strcmp(s.first_log, want) == 0)
+            store_oom++;
+        seen_destroy(&s);
+    }
+    cr_log_info("%zu allocations failed in turn; %zu reached the store's "
+                "check", n - 2, store_oom);
+    cr_expect_geq(store_oom, 1, "no N reached store.c's allocation check");
+    seen s;
+    seen_init(&s, 1);
+    cr_assert_eq(kw_warm_submit(r.warm, &set.keys[0], 1, 0, on_result, &s, NULL), 0);
+    seen_wait(&s);
+    cr_expect_eq(s.count[KW_WARM_COMPILED], 1, "the pipeline serves on");
     seen_destroy(&s);
     kw_keys_set_destroy(&set);
     rig_down(&r);
