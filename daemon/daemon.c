@@ -183,13 +183,25 @@ static void on_loop_done(uv_async_t *h)
     pthread_mutex_unlock(&d->done_mu);
 }
 
-/* The grace period is over: close what is still open.  Requests under way
- * end as their (cancelled) results arrive. */
+/* The grace period is over: close what is still open, unless clients
+ * are still reading (a write completed since the last check: a warmup's
+ * 100,000 cancellations take a loaded client seconds to read), then look
+ * again after KW__STOP_EXTEND_MS, up to KW__STOP_MAX_MS after the signal.
+ * Requests under way end as their (cancelled) results arrive. */
 static void on_stop_timer(uv_timer_t *t)
 {
     kw__daemon *d = t->data;
-    KW_LOG(KW_LOG_WARNING, "stop: %zu connections still open after %d ms; "
-           "closing them", (size_t)d->nconns, KW__STOP_GRACE_MS);
+    uint64_t writes = atomic_load(&d->writes_done);
+    uint64_t since = uv_now(&d->loop) - d->stop_at;
+    if (writes != d->stop_writes && since + KW__STOP_EXTEND_MS <= KW__STOP_MAX_MS) {
+        d->stop_writes = writes;
+        uv_timer_start(&d->stop_timer, on_stop_timer, KW__STOP_EXTEND_MS, 0);
+        return;
+    }
+    KW_LOG(KW_LOG_WARNING, "stop: %zu connections still open after %llu ms "
+           "(%s); closing them", (size_t)d->nconns, (unsigned long long)since,
+           writes != d->stop_writes ? "still reading at the cap"
+                                    : "no progress");
     kw__loops_tell(d, true);
 }
 
@@ -225,6 +237,7 @@ static void on_signal(uv_signal_t *s, int signum)
     uv_close((uv_handle_t *)&d->flush_timer, NULL);
     kw_warm_cancel(d->warm);
     kw__jobs_cancel(d);
+    d->stop_writes = atomic_load(&d->writes_done);
     uv_timer_start(&d->stop_timer, on_stop_timer, KW__STOP_GRACE_MS, 0);
     kw__loops_tell(d, false); /* each ends once its requests are over */
 }

@@ -48,7 +48,11 @@
 #define KW__FLUSH_MS 2000        /* cache hit flush period */
 #define KW__JOB_THREADS 4        /* threads serving keys, warmup, stats, evict */
 #define KW__STOP_GRACE_MS 3000   /* after SIGTERM, connections still open
-                                    then are closed whatever they wait on */
+                                    then are closed whatever they wait on,
+                                    unless a write completed meanwhile: */
+#define KW__STOP_EXTEND_MS 1000  /* then checked again this much later, */
+#define KW__STOP_MAX_MS 15000    /* up to this long after the signal (half
+                                    systemd's TimeoutStopSec of 30 s) */
 #define KW__STREAM_KEYS 256      /* keys or results per streamed frame */
 #define KW__TRIM_KEYS 65536      /* a derivation this big trims the heap */
 #define KW__STREAM_BYTES (256u * 1024u) /* JSON bytes per streamed frame, about */
@@ -208,6 +212,10 @@ typedef struct kw__daemon {
     _Atomic size_t nheld;          /* held reads over all loops */
     _Atomic uint64_t held_expired; /* connections closed for one */
     _Atomic uint64_t held_copied;  /* replies copied out: the cap was full */
+    _Atomic uint64_t writes_done;  /* writes completed over all loops: the
+                                      stop grace extends while they grow */
+    uint64_t stop_writes;          /* writes_done at the last grace check
+                                      (main loop) */
     _Atomic size_t nconns; /* open connections over all loops */
     _Atomic uint64_t keys_in_flight; /* keys of requests not yet over
                                         (--max-keys-in-flight) */
