@@ -8,6 +8,7 @@
  */
 #include "daemon_util.h"
 #include "watch_util.h"
+#include "kw_warm.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -272,6 +273,14 @@ static void unread_warmups(size_t k, const char *tag)
     send_all(&s, c, k, KW_PROTO_WARMUP, h);
     for (size_t i = 0; i < k; i++)
         fds[i] = c[i].fd;
+    /* A warmup derives, checks its plan and protects its keys before its
+     * first lookup, and a heartbeat may come first: its stream is settled
+     * only once its lookups began (a bounded poll of a counter). */
+    int64_t deadline = kwd_now_ms() + 120000;
+    while (kwc_stat(&s.good, "warm_hits") - hits0 < KW_WARM_CHUNK) {
+        cr_assert(kwd_now_ms() < deadline, "no lookup began");
+        kwd_nap_ms(20);
+    }
     long rss = wait_parked(&s.d, fds, k);
     double looked = kwc_stat(&s.good, "warm_hits") - hits0;
     cr_log_info("%g of %g lookups made while nobody read", looked, k * keys);
