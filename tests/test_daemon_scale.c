@@ -182,15 +182,7 @@ static void wait_submitted(const char *sock, double want)
  * that reads on is let finish (issue 23, point 7). */
 static int term_bound_ms(void)
 {
-    double load = 0;
-    FILE *f = fopen("/proc/loadavg", "r");
-    if (f != NULL) {
-        if (fscanf(f, "%lf", &load) != 1)
-            load = 0;
-        fclose(f);
-    }
-    return load > (double)sysconf(_SC_NPROCESSORS_ONLN) ? STOP_MAX_MS + 2000
-                                                         : 5000;
+    return kwd_machine_loaded() ? STOP_MAX_MS + 2000 : 5000;
 }
 
 Test(scale, sigterm_with_100000_keys_queued_cancels_them_and_exits_0_in_5s)
@@ -288,27 +280,45 @@ static bool log_has(const kwd *d, const char *what)
     return yes;
 }
 
-/* A client that reads its cancellations slower than the grace allows,
- * but steadily: its connection stays open past the grace until its last
- * frame, and kwarmd exits 0 after. */
+/* What a client reading its cancellations at a pace saw: the final
+ * frame's type (0: the connection ended first), the results read, and
+ * when the reading and kwarmd's exit (0) came, in ms after SIGTERM. */
+typedef struct paced {
+    uint16_t fin;
+    size_t n;
+    int64_t read_ms, exit_ms;
+} paced;
+
+/* A client on d that takes about total_ms to read its cancellations
+ * (pace_ms 0: it reads none); kwarmd must exit 0. */
+static paced paced_scene(kwd *d, const char *tag, int total_ms)
+{
+    kwc c;
+    paced o = {0};
+    int64_t t0 = term_scene(d, &c, tag);
+    if (total_ms > 0)
+        o.fin = paced_read(&c, (int)(total_ms / (TERM_SUBMITTED / 256)),
+                           2 * STOP_MAX_MS, &o.n);
+    o.read_ms = kwd_now_ms() - t0;
+    kwd_expect_exit0(d, STOP_MAX_MS + 5000);
+    o.exit_ms = kwd_now_ms() - t0;
+    cr_log_info("%s: %zu results read in %lld ms, kwarmd gone %lld ms after "
+                "SIGTERM", tag, o.n, (long long)o.read_ms, (long long)o.exit_ms);
+    kwc_close(&c);
+    return o;
+}
+
+/* A client that reads its cancellations slower than the grace allows
+ * (about 6 s), but steadily: its connection stays open past the grace
+ * until its last frame, and kwarmd exits 0 after. */
 Test(scale, the_stop_grace_extends_while_a_client_reads_its_cancellations)
 {
     kwd d;
-    kwc c;
-    int64_t t0 = term_scene(&d, &c, "kwd-grace");
-    /* About 6 s of reading at 256 results a frame: past the grace. */
-    int pace = (int)(6000 / (TERM_SUBMITTED / 256));
-    size_t n;
-    uint16_t fin = paced_read(&c, pace, STOP_MAX_MS, &n);
-    int64_t read_ms = kwd_now_ms() - t0;
-    kwd_expect_exit0(&d, STOP_MAX_MS);
-    cr_log_info("%zu results read in %lld ms after SIGTERM", n,
-                (long long)read_ms);
-    cr_expect_eq(fin, KW_PROTO_RESULT, "the stream ended without its RESULT");
-    cr_expect_gt(read_ms, STOP_GRACE_MS, "the reading ended within the grace: "
-                 "the test did not reach the extension");
+    paced o = paced_scene(&d, "kwd-grace", 6000);
+    cr_expect_eq(o.fin, KW_PROTO_RESULT, "the stream ended without its RESULT");
+    cr_expect_gt(o.read_ms, STOP_GRACE_MS, "the reading ended within the "
+                 "grace: the test did not reach the extension");
     cr_expect_not(log_has(&d, "closing them"), "a reading client was closed");
-    kwc_close(&c);
 }
 
 /* A client that reads nothing after the signal: closed once the grace
@@ -317,35 +327,22 @@ Test(scale, the_stop_grace_extends_while_a_client_reads_its_cancellations)
 Test(scale, the_stop_grace_is_not_extended_for_a_client_that_reads_nothing)
 {
     kwd d;
-    kwc c;
-    int64_t t0 = term_scene(&d, &c, "kwd-grace-none");
-    kwd_expect_exit0(&d, STOP_MAX_MS);
-    int64_t ms = kwd_now_ms() - t0;
-    cr_log_info("kwarmd exited %lld ms after SIGTERM", (long long)ms);
-    cr_expect_lt(ms, STOP_MAX_MS - 4000, "held for a client that reads nothing");
+    paced o = paced_scene(&d, "kwd-grace-none", 0);
+    cr_expect_lt(o.exit_ms, STOP_MAX_MS - 4000, "held for a client that reads "
+                 "nothing");
     cr_expect(log_has(&d, "(no progress); closing them"), "no such log line");
-    kwc_close(&c);
 }
 
-/* A client that reads on, too slowly to finish before the cap: closed at
- * the cap, KW__STOP_MAX_MS after the signal. */
+/* A client that reads on, too slowly to finish before the cap (about
+ * 40 s): closed at the cap, KW__STOP_MAX_MS after the signal. */
 Test(scale, the_stop_grace_ends_at_its_cap_for_a_client_that_reads_on)
 {
     kwd d;
-    kwc c;
-    int64_t t0 = term_scene(&d, &c, "kwd-grace-cap");
-    /* About 40 s of reading: past the cap. */
-    int pace = (int)(40000 / (TERM_SUBMITTED / 256));
-    size_t n;
-    uint16_t fin = paced_read(&c, pace, 2 * STOP_MAX_MS, &n);
-    int64_t ms = kwd_now_ms() - t0;
-    kwd_expect_exit0(&d, 5000);
-    cr_log_info("closed %lld ms after SIGTERM, %zu results read", (long long)ms, n);
-    cr_expect_eq(fin, 0, "the stream ended (%u) before the cap", fin);
-    cr_expect_geq(ms, STOP_MAX_MS - 1000, "closed before the cap");
+    paced o = paced_scene(&d, "kwd-grace-cap", 40000);
+    cr_expect_eq(o.fin, 0, "the stream ended (%u) before the cap", o.fin);
+    cr_expect_geq(o.read_ms, STOP_MAX_MS - 1000, "closed before the cap");
     cr_expect(log_has(&d, "(still reading at the cap); closing them"),
               "no such log line");
-    kwc_close(&c);
 }
 
 /* ---- the loop thread stays responsive ------------------------------------ */
