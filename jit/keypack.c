@@ -5,10 +5,11 @@
  * arch in the set's table, and each field its family uses as a zigzag
  * varint (LEB128: most fields are small, one or two bytes); its digest is
  * not kept but computed again as the key is read back (one BLAKE2b of
- * about 100 bytes, under a microsecond).  A DeepSeek-V4 key is about 12
- * bytes.  A set whose keys do not pack (more archs than the table holds,
- * which no derivation makes, or keys whose digests cannot be computed
- * again) is kept as it is: correct, only bigger.
+ * about 100 bytes, under a microsecond).  A DeepSeek-V4 key is 12 to 17
+ * bytes (the larger fields of large DCP worlds take three).  A set whose
+ * keys do not pack (more archs than the table holds, which no derivation
+ * makes, or keys whose digests cannot be computed again) is kept as it
+ * is: correct, only bigger.
  */
 #include "kw_keys.h"
 

@@ -58,7 +58,7 @@ int kw_keys_derive(const kw_config_model *m, const kw_config_deploy *d,
 void kw_keys_set_destroy(kw_keys_set *s);
 
 /* A key set packed, for a holder of many keys for long (a warm job, a
- * streamed reply): about 12 bytes a key instead of 152 (family, arch
+ * streamed reply): 12 to 17 bytes a key instead of 152 (family, arch
  * index, fields as varints; the digest computed again as a key is read
  * back).  Read in order through a kw_keys_cursor.  Caller-allocated;
  * kw_keys_pack_destroy() frees what it owns. */

@@ -148,10 +148,11 @@ typedef struct kw_warm_stats {
 int kw_warm_open(kw_warm **out, const kw_warm_opts *o, char *err,
                  size_t errlen);
 
-/* Submits keys[0..n) (copied, packed: about 12 bytes a key; n >= 1).  fn(result, arg) is called once per key
- * on warm's threads, never inside this call.  *job (may be NULL) gets a
- * handle for kw_warm_job_cancel(), which the caller must give back with
- * kw_warm_job_release() (before or after the last callback).  Returns 0,
+/* Submits keys[0..n) (copied, packed: 12 to 17 bytes a key; n >= 1).
+ * fn(result, arg) is called once per key on warm's threads, never inside
+ * this call.  *job (may be NULL) gets a handle for kw_warm_job_cancel(),
+ * which the caller must give back with kw_warm_job_release() (before or
+ * after the last callback).  Returns 0,
  * KW_EINVAL (n is 0), KW_ENOMEM, or -ECANCELED once stopping. */
 int kw_warm_submit(kw_warm *w, const kw_keys_key *keys, size_t n,
                    unsigned flags, kw_warm_result_fn fn, void *arg,
@@ -161,8 +162,8 @@ int kw_warm_submit(kw_warm *w, const kw_keys_key *keys, size_t n,
  * takes what *keys holds (leaving it empty) when it returns 0; on any
  * error *keys is still the caller's.  The job keeps its keys packed and
  * unpacks KW_WARM_CHUNK at a time as it looks them up, and its guard
- * (KW_WARM_PROTECT) holds 8 bytes a key: a warmup of 480,000 keys holds
- * about 10 MB while it runs. */
+ * (KW_WARM_PROTECT) holds 8 bytes a key: a warmup of 480,348 keys holds
+ * about 12 MB while it runs. */
 int kw_warm_submit_packed(kw_warm *w, kw_keys_packed *keys, unsigned flags,
                           kw_warm_result_fn fn, void *arg, kw_warm_job **job);
 
