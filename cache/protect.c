@@ -1,45 +1,14 @@
-/* protect.c: in-memory protection of a warm's own digests (guards), the
- * plan a warm checks before it writes, and the totals of pinned entries
- * (kw_cache.h).  Guards live in c->guards under prot_mu; eviction asks
- * kw__cache_protected() about each entry it would remove.
+/* protect.c: the plan a warm checks before it writes, and the totals of
+ * pinned entries (kw_cache.h), over entries pinned by a flag, a set or a
+ * guard (held.c).
  */
 #include "kw_cache.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include <xxhash.h>
-
 #include "internal.h"
 #include "kw_err.h"
-
-/* A guard keeps a 64-bit hash of each digest (XXH3 of its 32 bytes),
- * sorted: 8 bytes a digest instead of 32, so a warmup of 480,000 keys
- * protects them in 3.8 MB.  Two digests of one hash are both protected
- * when either is: an entry may be kept that could have gone (one chance
- * in 2^64 / n a lookup), never the reverse. */
-struct kw_cache_guard {
-    kw_cache *c;
-    struct kw_cache_guard *prev, *next; /* c->guards, under prot_mu */
-    size_t n;
-    uint64_t *h; /* sorted, distinct */
-};
-
-static uint64_t digest_hash(const uint8_t *d)
-{
-    return XXH3_64bits(d, KW_CACHE_DIGEST_LEN);
-}
-
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
-static bool guard_has(const kw_cache_guard *g, uint64_t h)
-{
-    return g->n && bsearch(&h, g->h, g->n, sizeof h, cmp_u64) != NULL;
-}
 
 static int cmp_digest(const void *a, const void *b)
 {
@@ -74,82 +43,6 @@ static bool has_digest(const uint8_t (*s)[KW_CACHE_DIGEST_LEN], size_t n,
                        const uint8_t *d)
 {
     return n && bsearch(d, s, n, sizeof *s, cmp_digest) != NULL;
-}
-
-bool kw__cache_protected(kw_cache *c, const uint8_t *digest)
-{
-    bool yes = false;
-    uint64_t h = digest_hash(digest);
-    pthread_mutex_lock(&c->prot_mu);
-    for (const kw_cache_guard *g = c->guards; g && !yes; g = g->next)
-        yes = guard_has(g, h);
-    pthread_mutex_unlock(&c->prot_mu);
-    return yes;
-}
-
-int kw_cache_protect_each(kw_cache *c, size_t n, kw_cache_digest_fn next,
-                          void *arg, kw_cache_guard **out)
-{
-    if (!c || !out || (!next && n > 0))
-        return KW_EINVAL;
-    kw_cache_guard *g = calloc(1, sizeof *g);
-    if (!g || !(g->h = malloc(n ? n * sizeof *g->h : 1))) {
-        free(g);
-        return KW_ENOMEM;
-    }
-    uint8_t d[KW_CACHE_DIGEST_LEN];
-    for (size_t i = 0; i < n; i++) {
-        next(arg, d);
-        g->h[i] = digest_hash(d);
-    }
-    qsort(g->h, n, sizeof *g->h, cmp_u64);
-    for (size_t i = 0; i < n; i++)
-        if (g->n == 0 || g->h[g->n - 1] != g->h[i])
-            g->h[g->n++] = g->h[i];
-    g->c = c;
-    pthread_mutex_lock(&c->prot_mu);
-    g->next = c->guards;
-    if (c->guards)
-        c->guards->prev = g;
-    c->guards = g;
-    pthread_mutex_unlock(&c->prot_mu);
-    *out = g;
-    return 0;
-}
-
-/* kw_cache_digest_fn over an array: arg is a cursor into it. */
-static void next_of_array(void *arg, uint8_t out[KW_CACHE_DIGEST_LEN])
-{
-    const uint8_t (**d)[KW_CACHE_DIGEST_LEN] = arg;
-    memcpy(out, **d, KW_CACHE_DIGEST_LEN);
-    (*d)++;
-}
-
-int kw_cache_protect(kw_cache *c,
-                     const uint8_t (*digests)[KW_CACHE_DIGEST_LEN], size_t n,
-                     kw_cache_guard **out)
-{
-    if (!digests && n > 0)
-        return KW_EINVAL;
-    const uint8_t (*cur)[KW_CACHE_DIGEST_LEN] = digests;
-    return kw_cache_protect_each(c, n, next_of_array, &cur, out);
-}
-
-void kw_cache_unprotect(kw_cache_guard *g)
-{
-    if (!g)
-        return;
-    kw_cache *c = g->c;
-    pthread_mutex_lock(&c->prot_mu);
-    if (g->prev)
-        g->prev->next = g->next;
-    else
-        c->guards = g->next;
-    if (g->next)
-        g->next->prev = g->prev;
-    pthread_mutex_unlock(&c->prot_mu);
-    free(g->h);
-    free(g);
 }
 
 /* Walks "meta", calling fn(c, txn, digest, meta, pinned, arg) for each
