@@ -143,6 +143,12 @@ int kw_keys_pack(kw_keys_packed *p, const kw_keys_key *keys, size_t n)
 bool kw_keys_pack_next(const kw_keys_packed *p, kw_keys_cursor *cur,
                        kw_keys_key *k)
 {
+    return kw_keys_pack_read(p, cur, k, true);
+}
+
+bool kw_keys_pack_read(const kw_keys_packed *p, kw_keys_cursor *cur,
+                       kw_keys_key *k, bool digest)
+{
     if (cur->i >= p->n)
         return false;
     if (p->keys != NULL) {
@@ -158,7 +164,8 @@ bool kw_keys_pack_next(const kw_keys_packed *p, kw_keys_cursor *cur,
         off += get_varint(in + off, &k->fields[f]);
     /* The family was valid when packed, and the toolchain query behind
      * the digest answered when the set was made. */
-    (void)kw_keys_digest(k, k->digest);
+    if (digest)
+        (void)kw_keys_digest(k, k->digest);
     cur->off += off;
     cur->i++;
     return true;

@@ -174,7 +174,9 @@ int kw_warm_job_pin(const kw_warm_job *job, const char *name, char *err,
 
 /* Cancels what of job is not yet compiling: its remaining keys are
  * reported cancelled (a flight others wait for still runs for them), a
- * paused job included.  Harmless after the job's last callback. */
+ * paused job included; those not yet looked up come without a digest
+ * (zeros: the owner asked for no more of them).  Harmless after the
+ * job's last callback. */
 void kw_warm_job_cancel(kw_warm_job *job);
 
 /* Pauses job's lookups (a caller whose reader is slow): the intake
