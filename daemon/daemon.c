@@ -184,24 +184,24 @@ static void on_loop_done(uv_async_t *h)
 }
 
 /* The grace period is over: close what is still open, unless clients
- * are still reading (a write completed since the last check: a warmup's
- * 100,000 cancellations take a loaded client seconds to read), then look
- * again after KW__STOP_EXTEND_MS, up to KW__STOP_MAX_MS after the signal.
- * Requests under way end as their (cancelled) results arrive. */
+ * are still reading (a write completed within the last grace period: a
+ * warmup's 100,000 cancellations take a loaded client seconds to read,
+ * and a client that reads its socket in large pieces leaves gaps), then
+ * look again after KW__STOP_EXTEND_MS, up to KW__STOP_MAX_MS after the
+ * signal.  Requests under way end as their (cancelled) results arrive. */
 static void on_stop_timer(uv_timer_t *t)
 {
     kw__daemon *d = t->data;
-    uint64_t writes = atomic_load(&d->writes_done);
-    uint64_t since = uv_now(&d->loop) - d->stop_at;
-    if (writes != d->stop_writes && since + KW__STOP_EXTEND_MS <= KW__STOP_MAX_MS) {
-        d->stop_writes = writes;
+    uint64_t now = uv_now(&d->loop), last = atomic_load(&d->last_write_ms);
+    uint64_t since = now - d->stop_at;
+    bool reading = last + KW__STOP_GRACE_MS > now;
+    if (reading && since + KW__STOP_EXTEND_MS <= KW__STOP_MAX_MS) {
         uv_timer_start(&d->stop_timer, on_stop_timer, KW__STOP_EXTEND_MS, 0);
         return;
     }
     KW_LOG(KW_LOG_WARNING, "stop: %zu connections still open after %llu ms "
            "(%s); closing them", (size_t)d->nconns, (unsigned long long)since,
-           writes != d->stop_writes ? "still reading at the cap"
-                                    : "no progress");
+           reading ? "still reading at the cap" : "no progress");
     kw__loops_tell(d, true);
 }
 
@@ -237,7 +237,6 @@ static void on_signal(uv_signal_t *s, int signum)
     uv_close((uv_handle_t *)&d->flush_timer, NULL);
     kw_warm_cancel(d->warm);
     kw__jobs_cancel(d);
-    d->stop_writes = atomic_load(&d->writes_done);
     uv_timer_start(&d->stop_timer, on_stop_timer, KW__STOP_GRACE_MS, 0);
     kw__loops_tell(d, false); /* each ends once its requests are over */
 }

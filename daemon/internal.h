@@ -49,7 +49,8 @@
 #define KW__JOB_THREADS 4        /* threads serving keys, warmup, stats, evict */
 #define KW__STOP_GRACE_MS 3000   /* after SIGTERM, connections still open
                                     then are closed whatever they wait on,
-                                    unless a write completed meanwhile: */
+                                    unless a write completed within the
+                                    last KW__STOP_GRACE_MS: */
 #define KW__STOP_EXTEND_MS 1000  /* then checked again this much later, */
 #define KW__STOP_MAX_MS 15000    /* up to this long after the signal (half
                                     systemd's TimeoutStopSec of 30 s) */
@@ -212,10 +213,9 @@ typedef struct kw__daemon {
     _Atomic size_t nheld;          /* held reads over all loops */
     _Atomic uint64_t held_expired; /* connections closed for one */
     _Atomic uint64_t held_copied;  /* replies copied out: the cap was full */
-    _Atomic uint64_t writes_done;  /* writes completed over all loops: the
-                                      stop grace extends while they grow */
-    uint64_t stop_writes;          /* writes_done at the last grace check
-                                      (main loop) */
+    _Atomic uint64_t last_write_ms; /* uv_now() of the last write completed
+                                       on any loop (one clock): the stop
+                                       grace extends while it is recent */
     _Atomic size_t nconns; /* open connections over all loops */
     _Atomic uint64_t keys_in_flight; /* keys of requests not yet over
                                         (--max-keys-in-flight) */
