@@ -21,7 +21,8 @@
 typedef struct keyvec {
     kw_k_family family;
     size_t nfields;
-    int64_t (*rows)[KW_KEYS_MAX_FIELDS];
+    int64_t *rows;   /* n rows of nfields each, not KW_KEYS_MAX_FIELDS: the
+                        largest family's table is the derivation's peak */
     size_t n, cap;
     uint32_t *index; /* open addressing: row number + 1, 0 = empty */
     size_t icap;     /* power of two, at least 2 * cap */
@@ -38,13 +39,20 @@ static uint64_t row_hash(const int64_t *row, size_t n)
     return v;
 }
 
+/* Row i of kv. */
+static int64_t *row_at(const keyvec *kv, size_t i)
+{
+    return kv->rows + i * kv->nfields;
+}
+
 /* Doubles the row store and rebuilds the index. */
 static int keyvec_grow(keyvec *kv)
 {
     size_t cap = kv->cap ? kv->cap * 2 : 64;
     if (cap > KW_KEYS_MAX)
         return KW_E2BIG;
-    void *rows = realloc(kv->rows, cap * sizeof *kv->rows);
+    size_t stride = kv->nfields ? kv->nfields : 1;
+    void *rows = realloc(kv->rows, cap * stride * sizeof *kv->rows);
     if (rows == NULL)
         return KW_ENOMEM;
     kv->rows = rows;
@@ -56,7 +64,7 @@ static int keyvec_grow(keyvec *kv)
     kv->cap = cap;
     kv->icap = cap * 2;
     for (size_t i = 0; i < kv->n; i++) {
-        size_t h = row_hash(kv->rows[i], kv->nfields) & (kv->icap - 1);
+        size_t h = row_hash(row_at(kv, i), kv->nfields) & (kv->icap - 1);
         while (kv->index[h] != 0)
             h = (h + 1) & (kv->icap - 1);
         kv->index[h] = (uint32_t)(i + 1);
@@ -74,9 +82,9 @@ static void keyvec_add(keyvec *kv, const int64_t *row)
     size_t bytes = kv->nfields * sizeof *row;
     size_t h = row_hash(row, kv->nfields) & (kv->icap - 1);
     for (; kv->index[h] != 0; h = (h + 1) & (kv->icap - 1))
-        if (memcmp(kv->rows[kv->index[h] - 1], row, bytes) == 0)
+        if (memcmp(row_at(kv, kv->index[h] - 1), row, bytes) == 0)
             return;
-    memcpy(kv->rows[kv->n], row, bytes);
+    memcpy(row_at(kv, kv->n), row, bytes);
     kv->index[h] = (uint32_t)(++kv->n);
 }
 
@@ -178,7 +186,7 @@ static int emit_packed(const keyvec *kv, const kw_config_deploy *d, sink *s)
 {
     for (size_t i = 0; i < kv->n; i++)
         for (size_t a = 0; a < d->narch; a++) {
-            int rc = kw__keys_pack_add(s->pk, kv->family, (int)a, kv->rows[i]);
+            int rc = kw__keys_pack_add(s->pk, kv->family, (int)a, row_at(kv, i));
             if (rc < 0)
                 return rc;
         }
@@ -204,7 +212,7 @@ static int emit(const keyvec *kv, const kw_config_deploy *d,
             kw_keys_key *k = &out->keys[out->nkeys++];
             memset(k, 0, sizeof *k);
             k->family = kv->family;
-            memcpy(k->fields, kv->rows[i], kv->nfields * sizeof k->fields[0]);
+            memcpy(k->fields, row_at(kv, i), kv->nfields * sizeof k->fields[0]);
             memcpy(k->arch, d->arch[a], sizeof k->arch);
             kw__keys_digest_with(ctx, k, k->digest);
         }
