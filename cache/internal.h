@@ -1,15 +1,17 @@
 /* internal.h: what cache/'s own files share (kw__cache_*).  Not API:
  * nothing outside cache/ includes this header.
  *
- * Files: open.c (open: environment, read-only fallback, stored limit),
- * cache.c (close, errors, stats, the read-transaction pool), record.c (the
- * on-disk records and the entry/eviction primitives inside a write
- * transaction), write.c (put, remove, pin, resize and the MDB_MAP_FULL
- * retry loop), read.c (get, borrow, contains, foreach, corrupt entries),
- * flush.c (hits recorded in memory and their flush), pins.c (named pin
- * sets), protect.c (guards, plans, pinned totals), hint.c (hits without
- * B-tree lookups), prefix.c (digest prefixes), claim.c (claims on digests
- * across processes: byte-range locks on DIR/claims, beside LMDB's files).
+ * Files, each calling only files listed after it (no cycle): open.c
+ * (open: environment, read-only fallback, stored limit), cache.c (close,
+ * stats), read.c (get, borrow, contains, foreach, corrupt entries),
+ * pins.c (named pin sets), protect.c (plans, pinned totals), prefix.c
+ * (digest prefixes), flush.c (hits recorded in memory and their flush),
+ * write.c (put, remove, pin, resize and the MDB_MAP_FULL retry loop),
+ * record.c (the on-disk records and the entry/eviction primitives inside
+ * a write transaction), hint.c (hits without B-tree lookups), held.c
+ * (guards, and whether a pin set holds a digest), txn.c (errors, ticks,
+ * the read-transaction pool); claim.c (claims on digests across
+ * processes: byte-range locks on DIR/claims, beside LMDB's files).
  *
  * On-disk layout: one LMDB environment, six named databases.
  *   "meta"  digest (32 bytes) -> metadata record (record.c, versioned,
@@ -150,7 +152,7 @@ struct kw_cache {
 
 #define KW__CACHE_ERRLEN 192 /* kw_cache_last_error() text, NUL included */
 
-/* --- cache.c --- */
+/* --- txn.c --- */
 
 /* Translates an LMDB return code at the module boundary: 0 stays 0,
  * MDB_NOTFOUND becomes KW_ENOTFOUND, MDB_MAP_FULL KW__CACHE_EMAPFULL,
@@ -195,10 +197,14 @@ typedef int (*kw__cache_walk_fn)(kw_cache *c, MDB_txn *txn, MDB_cursor *cur,
 int kw__cache_read_walk(kw_cache *c, MDB_dbi dbi, const char *name,
                         kw__cache_walk_fn walk, void *arg);
 
-/* The map size for a limit of max_size bytes (cache.c). */
+/* The map size for a limit of max_size bytes. */
 uint64_t kw__cache_map_size(uint64_t max_size);
 
-/* --- cache.c (continued) --- */
+/* Forgets the calling thread's failure text if it is c's (c is being
+ * freed, and another handle may get its address). */
+void kw__cache_error_forget(const kw_cache *c);
+
+/* --- cache.c --- */
 
 /* Frees c and whatever part of it was set up; no flush. */
 void kw__cache_destroy(kw_cache *c);
@@ -259,7 +265,7 @@ int kw__cache_evict_txn(kw_cache *c, MDB_txn *txn, uint64_t count,
 /* The stored limit ("max_size" in "stats"). */
 int kw__cache_max_get(kw_cache *c, MDB_txn *txn, uint64_t *max);
 
-/* --- pins.c --- */
+/* --- held.c --- */
 
 /* True (*held) when digest is in a pin set (*nsets: how many, may be
  * NULL); false on a cache without pin sets. */
@@ -277,6 +283,8 @@ bool kw__cache_protected(kw_cache *c, const uint8_t *digest);
  * protected. */
 int kw__cache_held(kw_cache *c, MDB_txn *txn, const uint8_t *digest,
                    bool *held);
+
+/* --- protect.c --- */
 
 /* Sums present entries that are pinned (flag or set) into *entries and
  * *bytes.  For kw_cache_stats_get. */

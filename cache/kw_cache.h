@@ -334,6 +334,18 @@ int kw_cache_protect(kw_cache *c,
                      const uint8_t (*digests)[KW_CACHE_DIGEST_LEN], size_t n,
                      kw_cache_guard **out);
 
+/* Writes the next digest of a set into out (kw_cache_protect_each). */
+typedef void (*kw_cache_digest_fn)(void *arg, uint8_t out[KW_CACHE_DIGEST_LEN]);
+
+/* kw_cache_protect() of n digests that next(arg, out) gives one at a
+ * time: a caller whose set is not an array of digests (a packed key set)
+ * makes none.  A guard holds 8 bytes a digest (a hash of each: a digest
+ * of the same hash as a protected one is protected too, never the
+ * reverse).  Returns as kw_cache_protect() (KW_EINVAL: next NULL with
+ * n > 0). */
+int kw_cache_protect_each(kw_cache *c, size_t n, kw_cache_digest_fn next,
+                          void *arg, kw_cache_guard **out);
+
 /* Drops the protection and frees g.  NULL is a no-op.  Every guard must be
  * given back before kw_cache_close(). */
 void kw_cache_unprotect(kw_cache_guard *g);

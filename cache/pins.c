@@ -1,5 +1,5 @@
-/* pins.c: named pin sets stored in the cache, in-memory protection
- * (guards) and the plan a warm checks before writing (kw_cache.h).
+/* pins.c: named pin sets stored in the cache (kw_cache.h); held.c
+ * answers whether an entry is in one.
  *
  * "pins" record of a set, little-endian:
  *    0  u8   version (1)
@@ -76,55 +76,6 @@ static bool pin_decode(const MDB_val *d, uint64_t *n, uint64_t *created)
     *n = kw_le64_get(p + 16);
     return *n <= KW_CACHE_MAX_PIN_DIGESTS &&
            d->mv_size == PIN_HEAD + *n * KW_CACHE_DIGEST_LEN;
-}
-
-int kw__cache_in_sets_cur(kw_cache *c, MDB_cursor *cur, const uint8_t *digest,
-                          bool *held, uint32_t *nsets)
-{
-    *held = false;
-    if (nsets)
-        *nsets = 0;
-    MDB_val k = {KW_CACHE_DIGEST_LEN, (void *)digest}, d;
-    MDB_cursor_op op = MDB_SET_RANGE;
-    int rc;
-    while ((rc = mdb_cursor_get(cur, &k, &d, op)) == 0 &&
-           k.mv_size > KW_CACHE_DIGEST_LEN &&
-           memcmp(k.mv_data, digest, KW_CACHE_DIGEST_LEN) == 0) {
-        *held = true;
-        if (!nsets)
-            break;
-        ++*nsets;
-        op = MDB_NEXT;
-    }
-    return rc == 0 || rc == MDB_NOTFOUND ? 0
-                                         : kw__cache_mdb(c, "pinidx", rc);
-}
-
-int kw__cache_in_sets(kw_cache *c, MDB_txn *txn, const uint8_t *digest,
-                      bool *held, uint32_t *nsets)
-{
-    *held = false;
-    if (nsets)
-        *nsets = 0;
-    if (!c->has_pins)
-        return 0;
-    MDB_cursor *cur;
-    int rc = mdb_cursor_open(txn, c->pinidx, &cur);
-    if (rc != 0)
-        return kw__cache_mdb(c, "mdb_cursor_open(pinidx)", rc);
-    rc = kw__cache_in_sets_cur(c, cur, digest, held, nsets);
-    mdb_cursor_close(cur);
-    return rc;
-}
-
-int kw__cache_held(kw_cache *c, MDB_txn *txn, const uint8_t *digest,
-                   bool *held)
-{
-    if (kw__cache_protected(c, digest)) {
-        *held = true;
-        return 0;
-    }
-    return kw__cache_in_sets(c, txn, digest, held, NULL);
 }
 
 /* --- writing sets --- */

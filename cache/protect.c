@@ -1,7 +1,6 @@
-/* protect.c: in-memory protection of a warm's own digests (guards), the
- * plan a warm checks before it writes, and the totals of pinned entries
- * (kw_cache.h).  Guards live in c->guards under prot_mu; eviction asks
- * kw__cache_protected() about each entry it would remove.
+/* protect.c: the plan a warm checks before it writes, and the totals of
+ * pinned entries (kw_cache.h), over entries pinned by a flag, a set or a
+ * guard (held.c).
  */
 #include "kw_cache.h"
 
@@ -10,13 +9,6 @@
 
 #include "internal.h"
 #include "kw_err.h"
-
-struct kw_cache_guard {
-    kw_cache *c;
-    struct kw_cache_guard *prev, *next; /* c->guards, under prot_mu */
-    size_t n;
-    uint8_t (*d)[KW_CACHE_DIGEST_LEN]; /* sorted, distinct */
-};
 
 static int cmp_digest(const void *a, const void *b)
 {
@@ -51,56 +43,6 @@ static bool has_digest(const uint8_t (*s)[KW_CACHE_DIGEST_LEN], size_t n,
                        const uint8_t *d)
 {
     return n && bsearch(d, s, n, sizeof *s, cmp_digest) != NULL;
-}
-
-bool kw__cache_protected(kw_cache *c, const uint8_t *digest)
-{
-    bool yes = false;
-    pthread_mutex_lock(&c->prot_mu);
-    for (const kw_cache_guard *g = c->guards; g && !yes; g = g->next)
-        yes = has_digest((const uint8_t(*)[KW_CACHE_DIGEST_LEN])g->d, g->n,
-                         digest);
-    pthread_mutex_unlock(&c->prot_mu);
-    return yes;
-}
-
-int kw_cache_protect(kw_cache *c,
-                     const uint8_t (*digests)[KW_CACHE_DIGEST_LEN], size_t n,
-                     kw_cache_guard **out)
-{
-    if (!c || !out || (!digests && n > 0))
-        return KW_EINVAL;
-    kw_cache_guard *g = calloc(1, sizeof *g);
-    if (!g || !(g->d = sorted_copy(digests, n, &g->n))) {
-        free(g);
-        return KW_ENOMEM;
-    }
-    g->c = c;
-    pthread_mutex_lock(&c->prot_mu);
-    g->next = c->guards;
-    if (c->guards)
-        c->guards->prev = g;
-    c->guards = g;
-    pthread_mutex_unlock(&c->prot_mu);
-    *out = g;
-    return 0;
-}
-
-void kw_cache_unprotect(kw_cache_guard *g)
-{
-    if (!g)
-        return;
-    kw_cache *c = g->c;
-    pthread_mutex_lock(&c->prot_mu);
-    if (g->prev)
-        g->prev->next = g->next;
-    else
-        c->guards = g->next;
-    if (g->next)
-        g->next->prev = g->prev;
-    pthread_mutex_unlock(&c->prot_mu);
-    free(g->d);
-    free(g);
 }
 
 /* Walks "meta", calling fn(c, txn, digest, meta, pinned, arg) for each

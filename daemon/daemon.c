@@ -53,10 +53,47 @@ void kw_daemon_opts_init(kw_daemon_opts *o)
     o->socket_mode = 0660;                  /* owner and group */
 }
 
+/* The flush test hook: with KWARMD_TEST_FLUSH_FIFOS=DIR, kwarmd writes
+ * 'S' to the FIFO DIR/events when a flush starts and 'K' when a tick
+ * finds one still running (and starts none), and each flush waits for
+ * one byte on the FIFO DIR/hold before it flushes: a test holds a flush
+ * and sees that the ticks meanwhile start no second one.  Tests only. */
+static void init_flush_test_hook(kw__daemon *d)
+{
+    const char *dir = getenv("KWARMD_TEST_FLUSH_FIFOS");
+    char path[4096];
+    d->flush_ev_fd = d->flush_hold_fd = -1;
+    if (dir == NULL)
+        return;
+    /* O_RDWR: neither open waits for the test's end of the FIFO. */
+    snprintf(path, sizeof path, "%s/events", dir);
+    d->flush_ev_fd = open(path, O_RDWR | O_NONBLOCK | O_CLOEXEC);
+    snprintf(path, sizeof path, "%s/hold", dir);
+    d->flush_hold_fd = open(path, O_RDWR | O_CLOEXEC);
+}
+
+static void flush_test_event(const kw__daemon *d, char ev)
+{
+    if (d->flush_ev_fd >= 0 && write(d->flush_ev_fd, &ev, 1) < 0)
+        KW_LOG(KW_LOG_DEBUG, "test hook: flush event lost");
+}
+
+static void close_flush_test_hook(kw__daemon *d)
+{
+    if (d->flush_ev_fd >= 0)
+        close(d->flush_ev_fd);
+    if (d->flush_hold_fd >= 0)
+        close(d->flush_hold_fd);
+}
+
 /* Writes recorded cache hits off the loop thread (an LMDB write txn). */
 static void flush_work(uv_work_t *w)
 {
     kw__daemon *d = w->data;
+    char b;
+    if (d->flush_hold_fd >= 0) /* tests only: held until released */
+        while (read(d->flush_hold_fd, &b, 1) < 0 && errno == EINTR)
+            ;
     kw_cache_flush(d->cache);
     kw__audit_flush(&d->audit); /* the miss audit's file, off the loop too */
 }
@@ -104,14 +141,20 @@ static void on_flush_timer(uv_timer_t *t)
     d->requests_at_tick = d->requests;
     /* One flush at a time: a slow one (an fsync, a rewrite of
      * misses.jsonl) is not joined by the next tick's (issue 23). */
-    uv_work_t *w = d->flushing ? NULL : kw_malloc(sizeof *w);
+    if (d->flushing) {
+        flush_test_event(d, 'K');
+        return;
+    }
+    uv_work_t *w = kw_malloc(sizeof *w);
     if (w == NULL)
         return;
     w->data = d;
-    if (uv_queue_work(&d->loop, w, flush_work, flush_done) < 0)
+    if (uv_queue_work(&d->loop, w, flush_work, flush_done) < 0) {
         free(w);
-    else
-        d->flushing = true;
+        return;
+    }
+    d->flushing = true;
+    flush_test_event(d, 'S');
 }
 
 /* The end of a stop: every serving loop has ended, so everything a
@@ -140,13 +183,25 @@ static void on_loop_done(uv_async_t *h)
     pthread_mutex_unlock(&d->done_mu);
 }
 
-/* The grace period is over: close what is still open.  Requests under way
- * end as their (cancelled) results arrive. */
+/* The grace period is over: close what is still open, unless clients
+ * are still reading (a write completed within the last grace period: a
+ * warmup's 100,000 cancellations take a loaded client seconds to read,
+ * and a client that reads its socket in large pieces leaves gaps), then
+ * look again after KW__STOP_EXTEND_MS, up to KW__STOP_MAX_MS after the
+ * signal.  Requests under way end as their (cancelled) results arrive. */
 static void on_stop_timer(uv_timer_t *t)
 {
     kw__daemon *d = t->data;
-    KW_LOG(KW_LOG_WARNING, "stop: %zu connections still open after %d ms; "
-           "closing them", (size_t)d->nconns, KW__STOP_GRACE_MS);
+    uint64_t now = uv_now(&d->loop), last = atomic_load(&d->last_write_ms);
+    uint64_t since = now - d->stop_at;
+    bool reading = last + KW__STOP_GRACE_MS > now;
+    if (reading && since + KW__STOP_EXTEND_MS <= KW__STOP_MAX_MS) {
+        uv_timer_start(&d->stop_timer, on_stop_timer, KW__STOP_EXTEND_MS, 0);
+        return;
+    }
+    KW_LOG(KW_LOG_WARNING, "stop: %zu connections still open after %llu ms "
+           "(%s); closing them", (size_t)d->nconns, (unsigned long long)since,
+           reading ? "still reading at the cap" : "no progress");
     kw__loops_tell(d, true);
 }
 
@@ -353,6 +408,7 @@ int kw_daemon_run(const kw_daemon_opts *o, char *err, size_t errlen)
     kw__alloc_hook_init();
     kw__daemon_upcalls(&d); /* before anything can call up */
     init_alloc_test_hook(&d);
+    init_flush_test_hook(&d);
     /* Blocks of 1 MiB and more (a derivation's key arrays, grown by
      * realloc) are mapped on their own and unmapped when freed: with
      * glibc's sliding threshold they land in the job threads' arenas,
@@ -388,6 +444,7 @@ int kw_daemon_run(const kw_daemon_opts *o, char *err, size_t errlen)
     if (d.alloc_at_stop > 0) /* tests only: did the stop reach it? */
         KW_LOG(KW_LOG_INFO, "test hook: %s", kw_alloc_failed() ? "fired"
                                                                : "never fired");
+    close_flush_test_hook(&d);
     int crc = uv_loop_close(&d.loop);
     if (rc == 0 && crc < 0) {
         snprintf(err, errlen, "uv_loop_close: %s (a handle leaked)", uv_strerror(crc));

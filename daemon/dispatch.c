@@ -85,7 +85,7 @@ static void request_end(kw__req *r)
     kw_warm_job_release(r->job);
     atomic_fetch_sub(&d->keys_in_flight, r->keys_charged);
     kw__stream_unref(r->s); /* its writes still queued hold it */
-    kw_keys_set_destroy(&r->set);
+    kw_keys_pack_destroy(&r->set);
     if (r->state_free != NULL)
         r->state_free(r->state); /* a streaming handler that never ended */
     cJSON_Delete(r->header);

@@ -17,10 +17,12 @@
 /* Fills d->up with the dispatcher's entry points (dispatch.c). */
 void kw__daemon_upcalls(kw__daemon *d);
 
-/* Derives the keys of a keys or warmup request's model and deployment;
- * 0, or a code with the message in err (requests.c). */
+/* Derives the keys of a keys or warmup request's model and deployment,
+ * packed (kw_keys_derive_packed: 12 to 17 bytes a key, and no digest
+ * computed, so a request the budget of keys in flight refuses costs
+ * little); 0, or a code with the message in err (requests.c). */
 int kw__req_keys(const cJSON *h, kw_config_model *m, kw_config_deploy *d,
-                 kw_keys_set *set, char *err, size_t errlen);
+                 kw_keys_packed *set, char *err, size_t errlen);
 
 /* Reads the key of a get ({"digest": HEX, a full digest or a unique
  * prefix of 8 or more digits of a cached one}, or family, fields and

@@ -1,5 +1,5 @@
-/* internal.h: the base of daemon/ (kw__daemon_, kw__audit_, kw__keypack_,
- * kw__alloc_; not API): kwarmd's shared state and what every layer uses.
+/* internal.h: the base of daemon/ (kw__daemon_, kw__audit_, kw__alloc_;
+ * not API): kwarmd's shared state and what every layer uses.
  *
  * daemon/ is layered, each layer with its header, each file including
  * and calling only its own layer and those below (issue 23):
@@ -17,9 +17,8 @@
  *                          state, connections, reads, writes, caps
  *                          (server.c, peer.c, hits.c)
  *   internal.h             this base: the daemon's state, the miss audit
- *                          (audit.c), packed keys (keypack.c), the test
- *                          allocation hook (alloc_hook.c), metrics.h,
- *                          log.h
+ *                          (audit.c), the test allocation hook
+ *                          (alloc_hook.c), metrics.h, log.h
  *
  * A lower layer reaches a higher one only through the function pointers
  * of kw__upcalls, which daemon.c fills in before anything runs.
@@ -49,7 +48,12 @@
 #define KW__FLUSH_MS 2000        /* cache hit flush period */
 #define KW__JOB_THREADS 4        /* threads serving keys, warmup, stats, evict */
 #define KW__STOP_GRACE_MS 3000   /* after SIGTERM, connections still open
-                                    then are closed whatever they wait on */
+                                    then are closed whatever they wait on,
+                                    unless a write completed within the
+                                    last KW__STOP_GRACE_MS: */
+#define KW__STOP_EXTEND_MS 1000  /* then checked again this much later, */
+#define KW__STOP_MAX_MS 15000    /* up to this long after the signal (half
+                                    systemd's TimeoutStopSec of 30 s) */
 #define KW__STREAM_KEYS 256      /* keys or results per streamed frame */
 #define KW__TRIM_KEYS 65536      /* a derivation this big trims the heap */
 #define KW__STREAM_BYTES (256u * 1024u) /* JSON bytes per streamed frame, about */
@@ -129,24 +133,6 @@ uint64_t kw__audit_now(void);
  * form of a get's key, and of the audit file's records). */
 int kw__key_from_json(const cJSON *h, kw_keys_key *k, char *err, size_t errlen);
 
-/* A derived key set packed for streaming (keypack.c): about 12 bytes a
- * key instead of 152 (fields as varints, the digest computed again when
- * a key is read back), in the set's own buffer. */
-typedef struct kw__keypack {
-    uint8_t *buf;      /* packed keys, or NULL */
-    kw_keys_key *keys; /* the set as it was, when a key does not pack */
-    size_t n;
-    char archs[KW_CONFIG_MAX_ARCH][KW_CONFIG_ARCH_LEN];
-    size_t narchs;
-} kw__keypack;
-
-/* Takes set's keys into p (set is left empty). */
-void kw__keypack_take(kw__keypack *p, kw_keys_set *set);
-/* Unpacks key i, whose packed bytes start at off (0 for the first), into
- * k; returns where key i + 1 starts.  Keys are read in order. */
-size_t kw__keypack_next(const kw__keypack *p, size_t i, size_t off,
-                        kw_keys_key *k);
-void kw__keypack_free(kw__keypack *p);
 
 /* The allocation-failure test hook (alloc_hook.c): KWARMD_TEST_FAIL_ALLOC=TYPE
  * ("stats", "ping", ...) makes every cJSON allocation fail while a thread
@@ -217,6 +203,8 @@ typedef struct kw__daemon {
     bool test_peercred_fail; /* KWARMD_TEST_PEERCRED_FAIL: tests only */
     bool alloc_hook;         /* KWARMD_TEST_ALLOC_HOOK: tests only */
     uint64_t alloc_at_stop;  /* KWARMD_TEST_ALLOC_AT_STOP: tests only */
+    int flush_ev_fd, flush_hold_fd; /* KWARMD_TEST_FLUSH_FIFOS: tests only;
+                                       -1 without */
     _Atomic bool alloc_fired; /* the last armed request's failure happened */
     _Atomic bool warned_max_conn; /* the connection cap was logged, not
                                      yet cleared */
@@ -225,6 +213,9 @@ typedef struct kw__daemon {
     _Atomic size_t nheld;          /* held reads over all loops */
     _Atomic uint64_t held_expired; /* connections closed for one */
     _Atomic uint64_t held_copied;  /* replies copied out: the cap was full */
+    _Atomic uint64_t last_write_ms; /* uv_now() of the last write completed
+                                       on any loop (one clock): the stop
+                                       grace extends while it is recent */
     _Atomic size_t nconns; /* open connections over all loops */
     _Atomic uint64_t keys_in_flight; /* keys of requests not yet over
                                         (--max-keys-in-flight) */

@@ -146,7 +146,7 @@ struct kw__req {
     _Atomic bool aborted; /* the connection closed: stop what can stop */
     double t0;
     /* warmup: its keys and what streamed so far */
-    kw_keys_set set;
+    kw_keys_packed set; /* packed; warm's once submitted (n stays) */
     size_t count[KW_WARM_CANCELLED + 1]; /* results by kw_warm_status */
     cJSON *batch;      /* results not yet sent */
     size_t batch_n, batch_bytes;

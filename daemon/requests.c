@@ -18,7 +18,7 @@
 #include "metrics.h"
 
 static int req_keys(const cJSON *h, kw_config_model *m, kw_config_deploy *d,
-                    kw_keys_set *set, char *err, size_t errlen)
+                    kw_keys_packed *set, char *err, size_t errlen)
 {
     const cJSON *cfg = cJSON_GetObjectItemCaseSensitive(h, "config");
     const cJSON *dep = cJSON_GetObjectItemCaseSensitive(h, "deployment");
@@ -51,15 +51,15 @@ static int req_keys(const cJSON *h, kw_config_model *m, kw_config_deploy *d,
     if (rc == 0)
         rc = kw_config_resolve(d, m, err, errlen);
     if (rc == 0)
-        rc = kw_keys_derive(m, d, set, err, errlen);
+        rc = kw_keys_derive_packed(m, d, set, err, errlen);
     return rc;
 }
 
 /* A keys request between its runs: the packed keys, where the stream
  * is, and the RESULT made before the first key was sent. */
 typedef struct keys_state {
-    kw__keypack p;
-    size_t i, off;
+    kw_keys_packed p;
+    kw_keys_cursor cur;
     cJSON *result;
 } keys_state;
 
@@ -68,7 +68,7 @@ static void keys_state_free(void *arg)
     keys_state *st = arg;
     if (st == NULL)
         return;
-    kw__keypack_free(&st->p);
+    kw_keys_pack_destroy(&st->p);
     cJSON_Delete(st->result);
     free(st);
 }
@@ -76,7 +76,7 @@ static void keys_state_free(void *arg)
 /* The allocation test hook (common/kw_alloc.h) is paused across jit/'s
  * config and key code, whose failure paths are not daemon/'s to test. */
 int kw__req_keys(const cJSON *h, kw_config_model *m, kw_config_deploy *d,
-                 kw_keys_set *set, char *err, size_t errlen)
+                 kw_keys_packed *set, char *err, size_t errlen)
 {
     kw_alloc_pause();
     int rc = req_keys(h, m, d, set, err, errlen);
@@ -89,17 +89,17 @@ int kw__req_keys(const cJSON *h, kw_config_model *m, kw_config_deploy *d,
  * caller yields), KW_ENOMEM or -ECANCELED (the client left). */
 static int stream_keys(kw__req *r, keys_state *st)
 {
-    const kw__keypack *p = &st->p;
-    while (st->i < p->n) {
+    const kw_keys_packed *p = &st->p;
+    while (st->cur.i < p->n) {
         cJSON *h = cJSON_CreateObject(), *arr = h ? cJSON_AddArrayToObject(h, "keys")
                                                   : NULL;
         if (arr == NULL) {
             cJSON_Delete(h);
             return KW_ENOMEM;
         }
-        for (size_t n = 0; n < KW__STREAM_KEYS && st->i < p->n; n++, st->i++) {
-            kw_keys_key key;
-            st->off = kw__keypack_next(p, st->i, st->off, &key);
+        kw_keys_key key;
+        for (size_t n = 0; n < KW__STREAM_KEYS && kw_keys_pack_next(p, &st->cur, &key);
+             n++) {
             kw_alloc_pause(); /* jit/'s tree: its failure paths leak */
             cJSON *k = kw_keys_key_json(&key);
             kw_alloc_resume();
@@ -119,12 +119,12 @@ static int stream_keys(kw__req *r, keys_state *st)
 
 /* The RESULT of keys: the document without its keys, plus "count". */
 static int keys_result(const kw_config_model *m, const kw_config_deploy *d,
-                       const kw_keys_set *set, size_t count, cJSON **out)
+                       const kw_keys_packed *set, cJSON **out)
 {
-    kw_keys_set none = *set;
+    kw_keys_set none = {.workspace_rows = set->workspace_rows,
+                        .workspace_bytes = set->workspace_bytes};
+    size_t count = set->n;
     cJSON *doc = NULL;
-    none.nkeys = 0;
-    none.keys = NULL;
     kw_alloc_pause(); /* jit/'s tree: its failure paths leak */
     int rc = kw_keys_to_json(m, d, &none, &doc);
     kw_alloc_resume();
@@ -140,24 +140,20 @@ static int keys_result(const kw_config_model *m, const kw_config_deploy *d,
     return rc;
 }
 
-/* The first run of a keys request: derive, charge, pack, make the RESULT;
- * 0 with r->state set, or a code with the message in err. */
+/* The first run of a keys request: derive (packed), charge, make the
+ * RESULT; 0 with r->state set, or a code with the message in err. */
 static int keys_begin(kw__req *r, char *err, size_t errlen)
 {
     kw_config_model m;
     kw_config_deploy d;
-    kw_keys_set set = {0};
     keys_state *st = kw_calloc(1, sizeof *st);
-    int rc = st ? kw__req_keys(r->header, &m, &d, &set, err, errlen) : KW_ENOMEM;
+    int rc = st ? kw__req_keys(r->header, &m, &d, &st->p, err, errlen) : KW_ENOMEM;
     if (st == NULL)
         return rc;
     if (rc == 0)
-        rc = kw__req_charge_keys(r, set.nkeys, err, errlen);
+        rc = kw__req_charge_keys(r, st->p.n, err, errlen);
     if (rc == 0)
-        rc = keys_result(&m, &d, &set, set.nkeys, &st->result);
-    if (rc == 0)
-        kw__keypack_take(&st->p, &set);
-    kw_keys_set_destroy(&set);
+        rc = keys_result(&m, &d, &st->p, &st->result);
     kw_config_model_destroy(&m);
     kw_config_deploy_destroy(&d);
     /* The derivation's scratch is freed but kept by glibc's arena of this

@@ -212,6 +212,8 @@ static void on_written(uv_write_t *req, int status)
     kw__conn *c = w->conn;
     c->queued -= w->bytes;
     c->progress_at = uv_now(&c->l->loop);
+    atomic_store_explicit(&c->d->last_write_ms, c->progress_at,
+                          memory_order_relaxed);
     if (status < 0 || w->close_after)
         kw__conn_close(c);
     /* Keep one payload buffer for the connection's next reply: gets of

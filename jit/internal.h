@@ -57,4 +57,11 @@ int kw__keys_digest_init(kw__keys_digest_ctx *ctx);
 void kw__keys_digest_with(const kw__keys_digest_ctx *ctx, const kw_keys_key *k,
                           uint8_t out[KW_KEYS_DIGEST_LEN]);
 
+/* Appends one key (family, the index of its arch in p->archs, its
+ * fields) to p: 0 or KW_ENOMEM (keypack.c). */
+int kw__keys_pack_add(kw_keys_packed *p, kw_k_family family, int arch,
+                      const int64_t *fields);
+/* Gives back p's spare bytes (a failed shrink keeps them). */
+void kw__keys_pack_shrink(kw_keys_packed *p);
+
 #endif /* KW_JIT_INTERNAL_H */

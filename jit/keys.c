@@ -4,7 +4,7 @@
  * in kernels/derive.c (the family table); kw_keys_derive() runs them for
  * every rank the deployment names, keeps the first of equal keys (a hash
  * index over the fields), then crosses the result with every arch and
- * digests each key.
+ * digests each key, or packs it (kw_keys_derive_packed: keypack.c).
  */
 #include "kw_keys.h"
 
@@ -21,7 +21,8 @@
 typedef struct keyvec {
     kw_k_family family;
     size_t nfields;
-    int64_t (*rows)[KW_KEYS_MAX_FIELDS];
+    int64_t *rows;   /* n rows of nfields each, not KW_KEYS_MAX_FIELDS: the
+                        largest family's table is the derivation's peak */
     size_t n, cap;
     uint32_t *index; /* open addressing: row number + 1, 0 = empty */
     size_t icap;     /* power of two, at least 2 * cap */
@@ -38,13 +39,20 @@ static uint64_t row_hash(const int64_t *row, size_t n)
     return v;
 }
 
+/* Row i of kv. */
+static int64_t *row_at(const keyvec *kv, size_t i)
+{
+    return kv->rows + i * kv->nfields;
+}
+
 /* Doubles the row store and rebuilds the index. */
 static int keyvec_grow(keyvec *kv)
 {
     size_t cap = kv->cap ? kv->cap * 2 : 64;
     if (cap > KW_KEYS_MAX)
         return KW_E2BIG;
-    void *rows = realloc(kv->rows, cap * sizeof *kv->rows);
+    size_t stride = kv->nfields ? kv->nfields : 1;
+    void *rows = realloc(kv->rows, cap * stride * sizeof *kv->rows);
     if (rows == NULL)
         return KW_ENOMEM;
     kv->rows = rows;
@@ -56,7 +64,7 @@ static int keyvec_grow(keyvec *kv)
     kv->cap = cap;
     kv->icap = cap * 2;
     for (size_t i = 0; i < kv->n; i++) {
-        size_t h = row_hash(kv->rows[i], kv->nfields) & (kv->icap - 1);
+        size_t h = row_hash(row_at(kv, i), kv->nfields) & (kv->icap - 1);
         while (kv->index[h] != 0)
             h = (h + 1) & (kv->icap - 1);
         kv->index[h] = (uint32_t)(i + 1);
@@ -74,9 +82,9 @@ static void keyvec_add(keyvec *kv, const int64_t *row)
     size_t bytes = kv->nfields * sizeof *row;
     size_t h = row_hash(row, kv->nfields) & (kv->icap - 1);
     for (; kv->index[h] != 0; h = (h + 1) & (kv->icap - 1))
-        if (memcmp(kv->rows[kv->index[h] - 1], row, bytes) == 0)
+        if (memcmp(row_at(kv, kv->index[h] - 1), row, bytes) == 0)
             return;
-    memcpy(kv->rows[kv->n], row, bytes);
+    memcpy(row_at(kv, kv->n), row, bytes);
     kv->index[h] = (uint32_t)(++kv->n);
 }
 
@@ -129,10 +137,18 @@ static int derive_family(derive_in *in, kw_k_family f, keyvec *kv)
     return kv->rc;
 }
 
+/* Where a derivation's keys go: a set of whole keys (digested), or a
+ * packed set (not digested: a reader digests each key it reads). */
+typedef struct sink {
+    kw_keys_set *set;
+    kw_keys_packed *pk;
+    int64_t *workspace_rows, *workspace_bytes;
+} sink;
+
 /* §5: the chunked-prefill workspace.  Computed in 128 bits, so absurd but
  * valid deployments report an overflow instead of wrapping. */
 static int workspace(const kw_config_model *m, const kw_config_deploy *d,
-                     kw_keys_set *out, char *err, size_t errlen)
+                     sink *out, char *err, size_t errlen)
 {
     typedef __int128 i128;
     i128 mml = d->max_model_len, bs = d->block_size, W = d->dcp_world;
@@ -155,18 +171,38 @@ static int workspace(const kw_config_model *m, const kw_config_deploy *d,
                         (long long)d->block_size, (long long)d->dcp_world);
         return KW_EDEPLOY;
     }
-    out->workspace_rows = (int64_t)ws;
-    out->workspace_bytes = (int64_t)bytes;
+    *out->workspace_rows = (int64_t)ws;
+    *out->workspace_bytes = (int64_t)bytes;
     return 0;
 }
 
-/* Crosses one family's keys with every arch and digests them into out. */
+static size_t sink_n(const sink *s)
+{
+    return s->set != NULL ? s->set->nkeys : s->pk->n;
+}
+
+/* Crosses one family's keys with every arch into s's packed set. */
+static int emit_packed(const keyvec *kv, const kw_config_deploy *d, sink *s)
+{
+    for (size_t i = 0; i < kv->n; i++)
+        for (size_t a = 0; a < d->narch; a++) {
+            int rc = kw__keys_pack_add(s->pk, kv->family, (int)a, row_at(kv, i));
+            if (rc < 0)
+                return rc;
+        }
+    return 0;
+}
+
+/* Crosses one family's keys with every arch and digests them into s. */
 static int emit(const keyvec *kv, const kw_config_deploy *d,
-                const kw__keys_digest_ctx *ctx, kw_keys_set *out)
+                const kw__keys_digest_ctx *ctx, sink *s)
 {
     size_t add = kv->n * d->narch;
-    if (out->nkeys + add > KW_KEYS_MAX)
+    if (sink_n(s) + add > KW_KEYS_MAX)
         return KW_E2BIG;
+    if (s->pk != NULL)
+        return emit_packed(kv, d, s);
+    kw_keys_set *out = s->set;
     kw_keys_key *keys = realloc(out->keys, (out->nkeys + add) * sizeof *keys);
     if (keys == NULL && out->nkeys + add > 0)
         return KW_ENOMEM;
@@ -176,7 +212,7 @@ static int emit(const keyvec *kv, const kw_config_deploy *d,
             kw_keys_key *k = &out->keys[out->nkeys++];
             memset(k, 0, sizeof *k);
             k->family = kv->family;
-            memcpy(k->fields, kv->rows[i], kv->nfields * sizeof k->fields[0]);
+            memcpy(k->fields, row_at(kv, i), kv->nfields * sizeof k->fields[0]);
             memcpy(k->arch, d->arch[a], sizeof k->arch);
             kw__keys_digest_with(ctx, k, k->digest);
         }
@@ -217,19 +253,21 @@ static int derive_setup(derive_in *in, int64_t *rp, int64_t *rs,
     return 0;
 }
 
-int kw_keys_derive(const kw_config_model *m, const kw_config_deploy *d,
-                   kw_keys_set *out, char *err, size_t errlen)
+/* The derivation of kw_keys_derive() and kw_keys_derive_packed() into
+ * s; the caller empties s on error. */
+static int derive(const kw_config_model *m, const kw_config_deploy *d, sink *s,
+                  char *err, size_t errlen)
 {
     int64_t *rp = malloc((KW_CONFIG_MAX_RATIOS + 2) * 2 * sizeof *rp);
     derive_in in;
     kw__keys_digest_ctx ctx;
-    memset(out, 0, sizeof *out);
     if (rp == NULL)
         return KW_ENOMEM;
     int rc = derive_setup(&in, rp, rp + KW_CONFIG_MAX_RATIOS + 2, m, d, err,
                           errlen);
     if (rc == 0)
-        rc = workspace(m, d, out, err, errlen);
+        rc = workspace(m, d, s, err, errlen);
+    /* The packed set digests nothing now, but its readers will. */
     if (rc == 0 && (rc = kw__keys_digest_init(&ctx)) < 0)
         kw__config_errf(err, errlen, "NVRTC version query failed: %s",
                         kw_strerror(rc));
@@ -237,7 +275,7 @@ int kw_keys_derive(const kw_config_model *m, const kw_config_deploy *d,
         keyvec kv = {0};
         rc = derive_family(&in, (kw_k_family)f, &kv);
         if (rc == 0)
-            rc = emit(&kv, d, &ctx, out);
+            rc = emit(&kv, d, &ctx, s);
         keyvec_destroy(&kv);
     }
     if (rc == KW_E2BIG) {
@@ -247,8 +285,34 @@ int kw_keys_derive(const kw_config_model *m, const kw_config_deploy *d,
         rc = KW_EDEPLOY;
     }
     free(rp);
+    return rc;
+}
+
+int kw_keys_derive(const kw_config_model *m, const kw_config_deploy *d,
+                   kw_keys_set *out, char *err, size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    sink s = {.set = out, .workspace_rows = &out->workspace_rows,
+              .workspace_bytes = &out->workspace_bytes};
+    int rc = derive(m, d, &s, err, errlen);
     if (rc < 0)
         kw_keys_set_destroy(out);
+    return rc;
+}
+
+int kw_keys_derive_packed(const kw_config_model *m, const kw_config_deploy *d,
+                          kw_keys_packed *p, char *err, size_t errlen)
+{
+    kw_keys_pack_init(p);
+    p->narchs = d->narch;
+    memcpy(p->archs, d->arch, d->narch * sizeof p->archs[0]);
+    sink s = {.pk = p, .workspace_rows = &p->workspace_rows,
+              .workspace_bytes = &p->workspace_bytes};
+    int rc = derive(m, d, &s, err, errlen);
+    if (rc < 0)
+        kw_keys_pack_destroy(p);
+    else
+        kw__keys_pack_shrink(p);
     return rc;
 }
 

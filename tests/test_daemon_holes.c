@@ -1,10 +1,14 @@
 /* test_daemon_holes.c: the smaller holes of issue 23, one test each:
  * client text escaped in the log, SIGHUP logged and ignored, the miss
- * audit's records written before they count as written, kw_client_admin
+ * audit's records written before they count as written, flushes that
+ * never overlap, kw_client_admin
  * with a NULL header, and --config through the strict reader. */
 #include "daemon_util.h"
 
 #include "kw_client.h"
+
+#include <poll.h>
+#include <sys/stat.h>
 
 TestSuite(holes, .fini = kwd_cleanup, .timeout = 120);
 
@@ -96,6 +100,56 @@ Test(holes, audit_records_count_as_written_only_once_they_are)
         kwd_nap_ms(50);
     }
     kwd_down(&d, &c);
+}
+
+/* The next event of kwarmd's flush test hook, within ms. */
+static char flush_event(int fd, int ms)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    cr_assert_eq(poll(&p, 1, ms), 1, "no flush event within %d ms", ms);
+    char ev = 0;
+    cr_assert_eq(read(fd, &ev, 1), 1);
+    return ev;
+}
+
+/* A flush held by the test hook (KWARMD_TEST_FLUSH_FIFOS): the timer's
+ * ticks meanwhile start no second flush ('K': skipped, never 'S'), the
+ * loop serves on, and once the flush is let go the next tick starts
+ * one again. */
+Test(holes, a_flush_that_runs_long_is_never_joined_by_a_second)
+{
+    char dir[128], ev_path[160], hold_path[160];
+    cr_assert_eq(kw_test_mkdtemp(dir, sizeof dir, "kwh-flush"), 0);
+    snprintf(ev_path, sizeof ev_path, "%s/events", dir);
+    snprintf(hold_path, sizeof hold_path, "%s/hold", dir);
+    cr_assert_eq(mkfifo(ev_path, 0600), 0);
+    cr_assert_eq(mkfifo(hold_path, 0600), 0);
+    int ev = open(ev_path, O_RDWR | O_CLOEXEC), hold = open(hold_path, O_RDWR | O_CLOEXEC);
+    cr_assert(ev >= 0 && hold >= 0);
+    cr_assert_eq(setenv("KWARMD_TEST_FLUSH_FIFOS", dir, 1), 0);
+    kwd d;
+    kwc c;
+    kwd_up(&d, "kwh-flush-d", 1, NULL, &c);
+    cr_assert_eq(unsetenv("KWARMD_TEST_FLUSH_FIFOS"), 0);
+    cr_assert_eq(flush_event(ev, 10000), 'S', "the first tick starts a flush");
+    for (int tick = 0; tick < 2; tick++) /* held: the next ticks skip */
+        cr_assert_eq(flush_event(ev, 10000), 'K',
+                     "tick %d started a flush beside the one held", tick + 2);
+    kwc_expect_pong(&c, "while a flush is held");
+    cr_assert_eq(write(hold, "x", 1), 1); /* let the held flush go */
+    char e;
+    while ((e = flush_event(ev, 10000)) == 'K') /* a tick before it ended */
+        ;
+    cr_expect_eq(e, 'S', "a tick after it ended starts the next");
+    char many[64];
+    memset(many, 'x', sizeof many); /* every later flush, the stop's too */
+    cr_assert_eq(write(hold, many, sizeof many), (ssize_t)sizeof many);
+    kwd_down(&d, &c);
+    close(ev);
+    close(hold);
+    unlink(ev_path);
+    unlink(hold_path);
+    rmdir(dir);
 }
 
 /* libkwarm's admin call with no header: KW_EINVAL, no crash; evict's

@@ -1,6 +1,7 @@
 /* test_keys.c: key derivation (spec/warmup-keys.md §3-§5) and the worked
  * examples of §7, plus digest stability and sensitivity (§6). */
 #include <criterion/criterion.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "kw_config.h"
@@ -454,4 +455,78 @@ Test(keys, indexer_fields_print_booleans)
     cr_assert(!kw_keys_field_is_bool(KW_K_INDEXER_LOGITS, 3));
     cr_assert(kw_keys_field_is_bool(KW_K_INDEXER_TOPK, 1));
     cr_assert(!kw_keys_field_is_bool(KW_K_INDEXER_TOPK, 0));
+}
+
+/* The packed form (kw_keys_derive_packed, kw_keys_pack): the same keys in
+ * the same order, digests included, at a few bytes a key. */
+static void expect_same_keys(const kw_keys_packed *p, const kw_keys_set *s)
+{
+    kw_keys_cursor cur = {0};
+    kw_keys_key k;
+    size_t i = 0;
+    cr_assert_eq(p->n, s->nkeys);
+    for (; kw_keys_pack_next(p, &cur, &k); i++) {
+        const kw_keys_key *e = &s->keys[i];
+        cr_assert(k.family == e->family && strcmp(k.arch, e->arch) == 0 &&
+                      memcmp(k.fields, e->fields, sizeof k.fields) == 0 &&
+                      memcmp(k.digest, e->digest, KW_KEYS_DIGEST_LEN) == 0,
+                  "key %zu differs once packed", i);
+    }
+    cr_assert_eq(i, s->nkeys, "the cursor read every key");
+}
+
+Test(keys, packed_derivation_gives_the_same_keys_in_a_few_bytes_each)
+{
+    fixture fx;
+    const char *flags[] = {"--dcp-world", "64", "--arch", "sm_90,sm_100", NULL};
+    derive(&fx, "{" TOPK2048 "}", flags);
+    char err[KW_CONFIG_ERRLEN] = "";
+    kw_keys_packed p, q;
+    cr_assert_eq(kw_keys_derive_packed(&fx.m, &fx.d, &p, err, sizeof err), 0,
+                 "%s", err);
+    cr_assert_gt(p.n, 500, "%zu keys", p.n);
+    cr_expect_null(p.keys, "every derived key packs");
+    cr_expect_lt(kw_keys_pack_bytes(&p), p.n * 16, "%zu bytes for %zu keys",
+                 kw_keys_pack_bytes(&p), p.n);
+    cr_expect_eq(p.workspace_rows, fx.s.workspace_rows);
+    cr_expect_eq(p.workspace_bytes, fx.s.workspace_bytes);
+    expect_same_keys(&p, &fx.s);
+    kw_keys_cursor cur = {0};
+    kw_keys_key k;
+    static const uint8_t zeros[KW_KEYS_DIGEST_LEN];
+    cr_assert(kw_keys_pack_read(&p, &cur, &k, false));
+    cr_expect(k.family == fx.s.keys[0].family &&
+                  memcmp(k.fields, fx.s.keys[0].fields, sizeof k.fields) == 0 &&
+                  memcmp(k.digest, zeros, sizeof zeros) == 0,
+              "a read without the digest: the key, no digest");
+    cr_assert_eq(kw_keys_pack(&q, fx.s.keys, fx.s.nkeys), 0);
+    cr_expect_eq(q.len, p.len, "packing a set packs it as the derivation does");
+    expect_same_keys(&q, &fx.s);
+    kw_keys_pack_destroy(&p);
+    kw_keys_pack_destroy(&q);
+    release(&fx);
+}
+
+/* A set of more archs than a packed set's table holds is kept whole, and
+ * read back the same. */
+Test(keys, a_set_that_does_not_pack_is_kept_whole)
+{
+    kw_keys_key keys[KW_CONFIG_MAX_ARCH + 1];
+    memset(keys, 0, sizeof keys);
+    for (size_t i = 0; i <= KW_CONFIG_MAX_ARCH; i++) {
+        snprintf(keys[i].arch, sizeof keys[i].arch, "sm_%zu", 10 + i);
+        keys[i].fields[0] = (int64_t)i - 3;
+        cr_assert_eq(kw_keys_digest(&keys[i], keys[i].digest), 0);
+    }
+    kw_keys_set s = {.keys = keys, .nkeys = KW_CONFIG_MAX_ARCH + 1};
+    kw_keys_packed p;
+    cr_assert_eq(kw_keys_pack(&p, keys, s.nkeys), 0);
+    cr_expect_not_null(p.keys, "17 archs: kept whole");
+    expect_same_keys(&p, &s);
+    kw_keys_pack_destroy(&p);
+    cr_assert_eq(kw_keys_pack(&p, keys, KW_CONFIG_MAX_ARCH), 0);
+    cr_expect_null(p.keys, "16 archs: packed");
+    s.nkeys = KW_CONFIG_MAX_ARCH;
+    expect_same_keys(&p, &s);
+    kw_keys_pack_destroy(&p);
 }

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "kw_alloc.h"
 #include "kw_cache.h"
 #include "kw_config.h"
 #include "kw_err.h"
@@ -29,7 +30,17 @@ typedef struct seen {
     bool last, bad_order;
     char first_log[512];
     char *status; /* per index: 0 not yet, else 1 + kw_warm_status */
+    const kw_keys_key *expect; /* when set: each result's key must be so */
+    size_t wrong_keys;
 } seen;
+
+static bool same_key(const kw_keys_key *a, const kw_keys_key *b)
+{
+    return a->family == b->family &&
+           memcmp(a->fields, b->fields, sizeof a->fields) == 0 &&
+           strcmp(a->arch, b->arch) == 0 &&
+           memcmp(a->digest, b->digest, sizeof a->digest) == 0;
+}
 
 static void seen_init(seen *s, size_t n)
 {
@@ -45,6 +56,8 @@ static void on_result(const kw_warm_result *r, void *arg)
     seen *s = arg;
     /* Callbacks of one job never overlap: no lock needed for these. */
     s->bad_order |= s->last || s->status[r->index] != 0;
+    if (s->expect != NULL && !same_key(r->key, &s->expect[r->index]))
+        s->wrong_keys++;
     s->status[r->index] = (char)(1 + r->status);
     s->count[r->status]++;
     s->n++;
@@ -316,39 +329,89 @@ Test(warm, a_cancelled_job_stops_but_a_job_sharing_its_keys_completes)
     rig_down(&r);
 }
 
-/* kw_warm_submit_take (issue 23): the job takes the caller's array, no
- * copy, and lends it back through kw_warm_job_keys; a refused submit
- * leaves the array with the caller. */
-Test(warm, submit_take_takes_the_keys_and_lends_them_back)
+/* kw_warm_submit_packed (issue 23): the job takes the caller's packed
+ * set, no copy, and every result carries its key whole (unpacked, digest
+ * computed again); a refused submit leaves the set with the caller. */
+Test(warm, submit_packed_takes_the_keys_and_gives_each_result_its_key)
 {
     instant();
     rig r;
     rig_up(&r, "warm-take", 2, 0);
     kw_keys_set set = derive("deepseek-v4-flash.json", 64, "sm_90,sm_100");
     size_t n = set.nkeys;
-    kw_keys_key *keys = set.keys, *first = keys;
-    set.keys = NULL;
-    kw_keys_key k0 = keys[0];
+    cr_assert(n > KW_WARM_CHUNK, "%zu keys: more than one chunk", n);
+    kw_keys_packed p;
+    cr_assert_eq(kw_keys_pack(&p, set.keys, n), 0);
+    cr_expect_null(p.keys, "the keys packed");
     seen s;
     seen_init(&s, n);
+    s.expect = set.keys;
     kw_warm_job *job = NULL;
-    cr_assert_eq(kw_warm_submit_take(r.warm, &keys, n, 0, on_result, &s, &job), 0);
-    cr_expect_null(keys, "the array is the job's now");
-    cr_expect_eq(kw_warm_job_keys(job), first, "no copy was made");
-    cr_expect_eq(memcmp(&kw_warm_job_keys(job)[0], &k0, sizeof k0), 0);
+    cr_assert_eq(kw_warm_submit_packed(r.warm, &p, KW_WARM_PROTECT, on_result,
+                                       &s, &job), 0);
+    cr_expect(p.n == 0 && p.buf == NULL, "the set is the job's now");
     seen_wait(&s);
     cr_expect_eq(s.n, n);
     cr_expect_eq(s.count[KW_WARM_COMPILED], n);
+    cr_expect_eq(s.wrong_keys, 0, "%zu results with another key", s.wrong_keys);
+    cr_expect_not(s.bad_order);
     kw_warm_job_release(job);
     kw_warm_cancel(r.warm);
-    kw_keys_key *more = malloc(sizeof *more);
-    cr_assert_not_null(more);
-    *more = k0;
-    kw_keys_key *mine = more;
-    cr_expect_eq(kw_warm_submit_take(r.warm, &more, 1, 0, on_result, &s, NULL),
+    cr_assert_eq(kw_keys_pack(&p, set.keys, 1), 0);
+    cr_expect_eq(kw_warm_submit_packed(r.warm, &p, 0, on_result, &s, NULL),
                  -ECANCELED);
-    cr_expect_eq(more, mine, "refused: still the caller's");
-    free(more);
+    cr_expect_eq(p.n, 1, "refused: still the caller's");
+    kw_keys_pack_destroy(&p);
     seen_destroy(&s);
+    kw_keys_set_destroy(&set);
+    rig_down(&r);
+}
+
+/* warm/store.c's check of its group's allocations (issue 23, point 6),
+ * reached through common/kw_alloc.h's hook, SQLite-style: for every N
+ * until no allocation is left to fail, the N-th allocation of a one-key
+ * job fails.  Each time the key gets exactly one result (or the submit is
+ * refused with KW_ENOMEM), and some N fails the store group's own
+ * allocation, which fails the key with the store's out-of-memory reason.
+ * The pipeline then compiles and stores a key as before. */
+Test(warm, a_failed_allocation_of_the_store_stage_fails_its_keys_only)
+{
+    instant();
+    rig r;
+    rig_up(&r, "warm-store-oom", 1, 0);
+    kw_keys_set set = derive("deepseek-v4-flash.json", 64, "sm_90,sm_100");
+    char want[128];
+    snprintf(want, sizeof want, "store: %s", kw_strerror(KW_ENOMEM));
+    size_t store_oom = 0, n = 1;
+    for (bool fired = true; fired; n++) {
+        cr_assert(n + 1 < set.nkeys, "still failing at N = %zu", n);
+        seen s;
+        seen_init(&s, 1);
+        kw_alloc_fail_at(n);
+        int rc = kw_warm_submit(r.warm, &set.keys[n], 1, 0, on_result, &s, NULL);
+        if (rc == 0)
+            seen_wait(&s);
+        fired = kw_alloc_failed();
+        kw_alloc_fail_at(0);
+        cr_assert(rc == 0 || rc == KW_ENOMEM, "N = %zu: submit %d", n, rc);
+        if (rc == 0) {
+            cr_expect_eq(s.n, 1, "N = %zu: %zu results", n, s.n);
+            cr_expect_not(s.bad_order, "N = %zu", n);
+        }
+        if (rc == 0 && s.count[KW_WARM_FAILED] == 1 &&
+            strcmp(s.first_log, want) == 0)
+            store_oom++;
+        seen_destroy(&s);
+    }
+    cr_log_info("%zu allocations failed in turn; %zu reached the store's "
+                "check", n - 2, store_oom);
+    cr_expect_geq(store_oom, 1, "no N reached store.c's allocation check");
+    seen s;
+    seen_init(&s, 1);
+    cr_assert_eq(kw_warm_submit(r.warm, &set.keys[0], 1, 0, on_result, &s, NULL), 0);
+    seen_wait(&s);
+    cr_expect_eq(s.count[KW_WARM_COMPILED], 1, "the pipeline serves on");
+    seen_destroy(&s);
+    kw_keys_set_destroy(&set);
     rig_down(&r);
 }

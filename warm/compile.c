@@ -185,8 +185,8 @@ static void cancel_queue(kw_warm *w)
             next = wt->next;
             bool more = next != NULL || (list != NULL && list->waiters != NULL &&
                                          list->waiters->job == wt->job);
-            kw__warm_deliver(w, wt->job, wt->index, KW_WARM_CANCELLED,
-                             -ECANCELED, NULL, more);
+            kw__warm_deliver(w, wt->job, wt->index, &f->key,
+                             KW_WARM_CANCELLED, -ECANCELED, NULL, more);
             kw_warm_job_release(wt->job);
             free(wt);
         }

@@ -100,8 +100,8 @@ void kw__warm_finish(kw_warm *w, flight *f, bool in_table, const outcome *o)
     while (list != NULL) {
         waiter *next = list->next;
         kw_warm_job *job = list->job;
-        kw__warm_deliver(w, job, list->index, o->status, o->rc, o->log,
-                         next != NULL);
+        kw__warm_deliver(w, job, list->index, &f->key, o->status, o->rc,
+                         o->log, next != NULL);
         kw_warm_job_release(job); /* the waiter's reference */
         free(list);
         list = next;

@@ -33,7 +33,8 @@ typedef struct flight {
 } flight;
 
 struct kw_warm_job {
-    kw_keys_key *keys; /* owned copy */
+    kw_keys_packed keys; /* owned, packed (about 12 bytes a key); read a
+                            chunk at a time by the intake (cursor) */
     size_t n;
     unsigned flags;
     kw_warm_result_fn fn;
@@ -46,7 +47,7 @@ struct kw_warm_job {
     kw_queue_node inode;   /* in the intake queue, guarded by w->mu */
     kw_warm_job *next_parked; /* on the parked list, guarded by w->mu */
     struct kw_warm *w;     /* its pipeline */
-    size_t cursor;         /* keys looked up so far (intake thread only) */
+    kw_keys_cursor cursor; /* keys looked up so far (intake thread only) */
     bool paused;           /* kw_warm_job_pause(): guarded by w->mu */
     bool parked;           /* on w's parked list: guarded by w->mu */
 };
@@ -83,6 +84,7 @@ struct kw_warm {
     size_t jobs_active;
     pthread_t intake;
     bool have_intake;
+    kw_keys_key *chunk; /* KW_WARM_CHUNK keys, unpacked: intake thread only */
     pthread_t *compilers;
     unsigned ncompilers;
     /* The store stage.  store_mu guards store_q, store_stop. */
@@ -105,11 +107,16 @@ struct kw_warm {
     warm_counters st;
 };
 
-/* Calls job's callback for key i (st, rc, log), serialized per job; the
- * last one releases the pipeline's reference.  Any warm thread; never with
- * w->mu held. */
+/* Calls job's callback for key i (key: its unpacked form, borrowed for
+ * the call; st, rc, log), serialized per job; the last one releases the
+ * pipeline's reference.  Any warm thread; never with w->mu held. */
 void kw__warm_deliver(kw_warm *w, kw_warm_job *job, size_t i,
-                      kw_warm_status st, int rc, const char *log, bool more);
+                      const kw_keys_key *key, kw_warm_status st, int rc,
+                      const char *log, bool more);
+
+/* The digests of a packed set as one array (malloc'd; NULL when out of
+ * memory), the form cache/ takes. */
+uint8_t (*kw__warm_packed_digests(const kw_keys_packed *p))[KW_KEYS_DIGEST_LEN];
 
 /* The digests of n keys as one array (malloc'd; NULL when out of
  * memory), the form cache/ takes. */

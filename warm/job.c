@@ -32,14 +32,15 @@ static void job_unref(kw_warm_job *job)
         return;
     kw_cache_unprotect(job->guard);
     pthread_mutex_destroy(&job->cb_mu);
-    free(job->keys);
+    kw_keys_pack_destroy(&job->keys);
     free(job);
 }
 
 void kw__warm_deliver(kw_warm *w, kw_warm_job *job, size_t i,
-                      kw_warm_status st, int rc, const char *log, bool more)
+                      const kw_keys_key *key, kw_warm_status st, int rc,
+                      const char *log, bool more)
 {
-    kw_warm_result r = {.job = job, .index = i, .key = &job->keys[i], .status = st,
+    kw_warm_result r = {.job = job, .index = i, .key = key, .status = st,
                         .rc = st == KW_WARM_FAILED ? rc : 0,
                         .log = st == KW_WARM_FAILED ? log : NULL,
                         .more = more};
@@ -66,6 +67,16 @@ uint8_t (*kw__warm_digests(const kw_keys_key *keys, size_t n))[KW_KEYS_DIGEST_LE
     uint8_t (*d)[KW_KEYS_DIGEST_LEN] = kw_malloc((n ? n : 1) * sizeof *d);
     for (size_t i = 0; d != NULL && i < n; i++)
         memcpy(d[i], keys[i].digest, KW_KEYS_DIGEST_LEN);
+    return d;
+}
+
+uint8_t (*kw__warm_packed_digests(const kw_keys_packed *p))[KW_KEYS_DIGEST_LEN]
+{
+    uint8_t (*d)[KW_KEYS_DIGEST_LEN] = kw_malloc((p->n ? p->n : 1) * sizeof *d);
+    kw_keys_cursor cur = {0};
+    kw_keys_key k;
+    for (size_t i = 0; d != NULL && kw_keys_pack_next(p, &cur, &k); i++)
+        memcpy(d[i], k.digest, KW_KEYS_DIGEST_LEN);
     return d;
 }
 

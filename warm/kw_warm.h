@@ -85,7 +85,7 @@ typedef struct kw_warm_result {
     kw_warm_job *job;      /* the job (kw_warm_job_cancel() may be
                               called on it from the callback) */
     size_t index;          /* the key's index in the job */
-    const kw_keys_key *key;
+    const kw_keys_key *key; /* borrowed for the callback only (unpacked) */
     kw_warm_status status;
     int rc;                /* KW_WARM_FAILED: the code; else 0 */
     const char *log;       /* KW_WARM_FAILED: the NVRTC log (at most
@@ -148,29 +148,35 @@ typedef struct kw_warm_stats {
 int kw_warm_open(kw_warm **out, const kw_warm_opts *o, char *err,
                  size_t errlen);
 
-/* Submits keys[0..n) (copied; n >= 1).  fn(result, arg) is called once per key
- * on warm's threads, never inside this call.  *job (may be NULL) gets a
- * handle for kw_warm_job_cancel(), which the caller must give back with
- * kw_warm_job_release() (before or after the last callback).  Returns 0,
+/* Submits keys[0..n) (copied, packed: 12 to 17 bytes a key; n >= 1).
+ * fn(result, arg) is called once per key on warm's threads, never inside
+ * this call.  *job (may be NULL) gets a handle for kw_warm_job_cancel(),
+ * which the caller must give back with kw_warm_job_release() (before or
+ * after the last callback).  Returns 0,
  * KW_EINVAL (n is 0), KW_ENOMEM, or -ECANCELED once stopping. */
 int kw_warm_submit(kw_warm *w, const kw_keys_key *keys, size_t n,
                    unsigned flags, kw_warm_result_fn fn, void *arg,
                    kw_warm_job **job);
 
-/* The same without a copy: takes the malloc'd array *keys (and sets
- * *keys to NULL) when it returns 0, so a caller holds no second copy of
- * a large key set; on any error *keys is still the caller's. */
-int kw_warm_submit_take(kw_warm *w, kw_keys_key **keys, size_t n,
-                        unsigned flags, kw_warm_result_fn fn, void *arg,
-                        kw_warm_job **job);
+/* The same for a packed set (kw_keys_derive_packed), without a copy:
+ * takes what *keys holds (leaving it empty) when it returns 0; on any
+ * error *keys is still the caller's.  The job keeps its keys packed and
+ * unpacks KW_WARM_CHUNK at a time as it looks them up, and its guard
+ * (KW_WARM_PROTECT) holds 8 bytes a key: a warmup of 480,348 keys holds
+ * about 12 MB while it runs. */
+int kw_warm_submit_packed(kw_warm *w, kw_keys_packed *keys, unsigned flags,
+                          kw_warm_result_fn fn, void *arg, kw_warm_job **job);
 
-/* The keys of job, in submission order; valid until the handle is
- * released. */
-const kw_keys_key *kw_warm_job_keys(const kw_warm_job *job);
+/* kw_warm_pin() of job's keys, into the cache job's pipeline works on;
+ * valid until the handle is released. */
+int kw_warm_job_pin(const kw_warm_job *job, const char *name, char *err,
+                    size_t errlen);
 
 /* Cancels what of job is not yet compiling: its remaining keys are
  * reported cancelled (a flight others wait for still runs for them), a
- * paused job included.  Harmless after the job's last callback. */
+ * paused job included; those not yet looked up come without a digest
+ * (zeros: the owner asked for no more of them).  Harmless after the
+ * job's last callback. */
 void kw_warm_job_cancel(kw_warm_job *job);
 
 /* Pauses job's lookups (a caller whose reader is slow): the intake
@@ -206,6 +212,10 @@ void kw_warm_close(kw_warm *w);
  * needed and how to raise the limit; KW_ENOMEM; KW_ECACHE. */
 int kw_warm_plan_check(kw_cache *c, const kw_keys_key *keys, size_t n,
                        char *err, size_t errlen);
+
+/* The same for a packed set. */
+int kw_warm_plan_check_packed(kw_cache *c, const kw_keys_packed *keys,
+                              char *err, size_t errlen);
 
 /* Records the digests of keys as the pin set name (kw_cache_pin_set).
  * Returns 0 or the cache's code, with a message in err. */

@@ -7,12 +7,13 @@
 
 #include "kw_err.h"
 
-int kw_warm_plan_check(kw_cache *c, const kw_keys_key *keys, size_t n,
-                       char *err, size_t errlen)
+/* kw_warm_plan_check() of n digests d (NULL: out of memory), which it
+ * frees. */
+static int plan_check(kw_cache *c, uint8_t (*d)[KW_KEYS_DIGEST_LEN], size_t n,
+                      char *err, size_t errlen)
 {
     kw_cache_plan p;
     kw_cache_stats st;
-    uint8_t (*d)[KW_KEYS_DIGEST_LEN] = kw__warm_digests(keys, n);
     int rc = d ? kw_cache_plan_get(c, (const uint8_t (*)[32])d, n, &p)
                : KW_ENOMEM;
     free(d);
@@ -41,10 +42,22 @@ int kw_warm_plan_check(kw_cache *c, const kw_keys_key *keys, size_t n,
     return KW_ENOSPC;
 }
 
-int kw_warm_pin(kw_cache *c, const char *name, const kw_keys_key *keys,
-                size_t n, char *err, size_t errlen)
+int kw_warm_plan_check(kw_cache *c, const kw_keys_key *keys, size_t n,
+                       char *err, size_t errlen)
 {
-    uint8_t (*d)[KW_KEYS_DIGEST_LEN] = kw__warm_digests(keys, n);
+    return plan_check(c, kw__warm_digests(keys, n), n, err, errlen);
+}
+
+int kw_warm_plan_check_packed(kw_cache *c, const kw_keys_packed *keys,
+                              char *err, size_t errlen)
+{
+    return plan_check(c, kw__warm_packed_digests(keys), keys->n, err, errlen);
+}
+
+/* kw_warm_pin() of n digests d (NULL: out of memory), which it frees. */
+static int pin(kw_cache *c, const char *name, uint8_t (*d)[KW_KEYS_DIGEST_LEN],
+               size_t n, char *err, size_t errlen)
+{
     int rc = d ? kw_cache_pin_set(c, name, (const uint8_t (*)[32])d, n)
                : KW_ENOMEM;
     free(d);
@@ -52,4 +65,17 @@ int kw_warm_pin(kw_cache *c, const char *name, const kw_keys_key *keys,
         snprintf(err, errlen, "--pin %s: %s%s%s", name, kw_strerror(rc),
                  kw_cache_last_error(c)[0] ? ": " : "", kw_cache_last_error(c));
     return rc;
+}
+
+int kw_warm_pin(kw_cache *c, const char *name, const kw_keys_key *keys,
+                size_t n, char *err, size_t errlen)
+{
+    return pin(c, name, kw__warm_digests(keys, n), n, err, errlen);
+}
+
+int kw_warm_job_pin(const kw_warm_job *job, const char *name, char *err,
+                    size_t errlen)
+{
+    return pin(job->w->o.cache, name, kw__warm_packed_digests(&job->keys),
+               job->n, err, errlen);
 }
