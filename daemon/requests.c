@@ -15,6 +15,7 @@
 #include "kw_alloc.h"
 #include "kw_err.h"
 #include "log.h"
+#include "kw_jit.h"
 #include "metrics.h"
 
 static int req_keys(const cJSON *h, kw_config_model *m, kw_config_deploy *d,
@@ -50,6 +51,13 @@ static int req_keys(const cJSON *h, kw_config_model *m, kw_config_deploy *d,
     free(text);
     if (rc == 0)
         rc = kw_config_resolve(d, m, err, errlen);
+    for (size_t i = 0; rc == 0 && i < d->narch; i++)
+        if (!kw_jit_arch_valid(d->arch[i])) { /* before any work (issue 24) */
+            snprintf(err, errlen, "deployment /arch: %.16s: the NVRTC kwarmd "
+                     "links cannot build it (kwarm keys --arch names those "
+                     "it can)", d->arch[i]);
+            rc = KW_EINVAL;
+        }
     if (rc == 0)
         rc = kw_keys_derive_packed(m, d, set, err, errlen);
     return rc;
