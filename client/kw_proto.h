@@ -86,9 +86,10 @@ enum kw_proto_type {
     /* Replies. */
     KW_PROTO_PONG = 64,
     KW_PROTO_RESULT = 65,   /* final reply; the only type with a payload */
-    KW_PROTO_PROGRESS = 66, /* streamed while a warmup runs; one with an
-                               empty array is a warmup's heartbeat, sent
-                               after 2 s without a frame */
+    KW_PROTO_PROGRESS = 66, /* streamed before the final reply of keys,
+                               warmup, misses, ls and evict by criteria;
+                               one with an empty array is a warmup's
+                               heartbeat, sent after 2 s without a frame */
     KW_PROTO_ERROR = 67,    /* final reply: {"error": ..., "code": ...} */
 };
 

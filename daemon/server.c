@@ -31,7 +31,7 @@ typedef struct write_req {
     void *done_arg;
     /* A payload written straight from the cache's map: the view (and its
      * read transaction) is held until the write ends, in d's held list,
-     * oldest first (held.c's rules, below). */
+     * oldest first (the rules of kw__held_check, below). */
     kw_cache_view view; /* the zero-copy hit path's (dispatch.c says why
                            it reaches the cache itself) */
     uint64_t held_at;  /* uv_now() when it was queued */
