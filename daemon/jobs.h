@@ -151,6 +151,9 @@ struct kw__req {
     cJSON *batch;      /* results not yet sent */
     size_t batch_n, batch_bytes;
     bool pin_failed;   /* "pin" asked, but the set was not recorded */
+    size_t unstored;   /* compiled, but no room to store: said once, at the
+                          end (log_warmup), not per key */
+    char unstored_why[256]; /* the first such key's reason */
     bool pin_stage;    /* every result is in: a job thread pins, ends it */
     /* warmup's heartbeat (heartbeat.c): frames posted and not yet sent,
      * "done" of the last PROGRESS built, the key count once the keys went

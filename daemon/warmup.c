@@ -162,6 +162,10 @@ static void log_warmup(const kw__req *r)
            r->count[KW_WARM_REMOTE_HIT], r->count[KW_WARM_COMPILED],
            r->count[KW_WARM_FAILED], r->count[KW_WARM_CANCELLED],
            now_s() - r->t0);
+    if (r->unstored > 0)
+        KW_LOG(KW_LOG_WARNING, "warmup from uid %u pid %d: %zu keys compiled "
+               "but not stored: %s", (unsigned)r->uid, (int)r->pid,
+               r->unstored, r->unstored_why);
 }
 
 /* A warmup with "detach": true (kwarm warmup --detach, issue 24) goes on
@@ -193,8 +197,13 @@ static void on_result(const kw_warm_result *res, void *arg)
     if (gone && res->job != NULL && !detached(r))
         kw_warm_job_cancel(res->job); /* the client left (once: cheap after) */
     r->count[res->status]++;
-    if (res->status == KW_WARM_FAILED && res->rc != KW_EROFS) /* not a compile */
-        log_failure(res);
+    bool no_room = res->status == KW_WARM_FAILED &&
+                   (res->rc == KW_EDISKFULL || res->rc == KW_ENOSPC);
+    if (no_room && r->unstored++ == 0)
+        snprintf(r->unstored_why, sizeof r->unstored_why, "%s",
+                 res->log ? res->log : kw_strerror(res->rc));
+    if (res->status == KW_WARM_FAILED && res->rc != KW_EROFS && !no_room)
+        log_failure(res); /* a read-only miss or a full disk: not a compile */
     /* Nobody reads a client that left: its results are counted, not
      * built into frames (a stop with 100,000 keys queued ends sooner). */
     if (!gone && !add_result(r, res))

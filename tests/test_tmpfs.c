@@ -195,6 +195,12 @@ Test(tmpfs, full_disk_under_kwarmd_is_one_line_of_the_warmup,
     kwc c;
     kwc_must_open(&c, d.sock);
     kwd_down(&d, &c);
+    /* kwarmd's log too: one line for the run, none per key. */
+    char *log = kwd_log(d.log);
+    snprintf(want, sizeof want, "%ld keys compiled but not stored: ", failed);
+    cr_expect_eq(lines_with(log, want), 1, "kwarmd's log: %s", log);
+    cr_expect_eq(lines_with(log, "failed: "), 0, "a line per key: %s", log);
+    free(log);
     cr_expect_eq(umount(kwd_mnt), 0);
     kwd_mnt[0] = '\0';
     kwd_forget(&d);
