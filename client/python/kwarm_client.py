@@ -215,6 +215,25 @@ class Client:
         doc["manifest"] = sorted(results, key=lambda r: r["index"])
         return doc
 
+    def warmup_detached(self, config, deployment=None, name="config.json",
+                        text_config=None, pin=None):
+        """Starts a warmup that kwarmd finishes whatever this client does
+        ("detach": true; `kwarm warmup --detach`).  kwarmd checks the
+        model, deployment and pin first (KwarmError, nothing started);
+        returns its first frame's header, a PROGRESS ({"done", "total",
+        "results"}) or the RESULT when the warmup ended at once, and then
+        closes this connection (connect again for more requests): the
+        cache, stats and kwarmd's log tell the outcome."""
+        req = self._model(config, deployment, name, text_config)
+        req["detach"] = True
+        if pin is not None:
+            req["pin"] = pin
+        self._send(WARMUP, req)
+        try:
+            return self._recv()[1]
+        finally:
+            self.close()
+
     def get(self, digest=None, family=None, fields=None, arch="sm_90", compile=True):
         """(header, cubin bytes) of one kernel; header has "entry" (the
         lowered name for cuModuleGetFunction), "family", "arch", "digest",

@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 import kwarm_client
@@ -219,6 +220,44 @@ class Administration(unittest.TestCase):
         self.assertEqual(kwarm_client.parse_size(4096), 4096)
         with self.assertRaises(ValueError):
             kwarm_client.parse_size("lots")
+
+
+class Detached(unittest.TestCase):
+    """warmup_detached: kwarmd finishes the warmup after the client left."""
+
+    @classmethod
+    def setUpClass(cls):
+        os.environ["KWARM_TEST_INSTANT_COMPILE"] = "1"
+        try:
+            cls.daemon = Kwarmd()
+        finally:
+            del os.environ["KWARM_TEST_INSTANT_COMPILE"]
+        with open(FIXTURE) as f:
+            cls.config = json.load(f)
+
+    @classmethod
+    def tearDownClass(cls):
+        assert cls.daemon.stop() == 0
+
+    def test_a_detached_warmup_goes_on_after_the_client_leaves(self):
+        c = kwarm_client.Client(self.daemon.sock, timeout=120)
+        with self.assertRaises(kwarm_client.KwarmError):  # checked first
+            c.warmup_detached(self.config, {"dcp_world": 2, "arch": "sm_35"})
+        c = kwarm_client.Client(self.daemon.sock, timeout=120)
+        first = c.warmup_detached(self.config, {"dcp_world": 2}, name="v32.json")
+        total = first["total"] if "total" in first else first["keys"]
+        self.assertGreater(total, 0)
+        with self.assertRaises(OSError):  # this connection is closed
+            c.ping()
+        # Every key ends up cached, each compiled once, none failed.
+        deadline = time.monotonic() + 60
+        with kwarm_client.Client(self.daemon.sock, timeout=120) as c2:
+            while c2.stats()["entries"] < total and time.monotonic() < deadline:
+                time.sleep(0.05)
+            st = c2.stats()
+        self.assertEqual(st["entries"], total, st)
+        self.assertEqual(st["compiles"], total, st)
+        self.assertEqual(st["compile_failures"], 0, st)
 
 
 class NoDaemon(unittest.TestCase):
