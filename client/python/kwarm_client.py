@@ -8,7 +8,7 @@
     module, function = Cuda().load(cubin, header["entry"])
 
 Client speaks the protocol: ping, keys, warmup, get, stats, misses,
-evict, and the cache's administration (ls, pins, unpin, resize,
+evict, warmup_detached, and the cache's administration (ls, pins, unpin, resize,
 evict_match).  An ERROR reply raises KwarmError (the connection stays
 usable); a broken connection raises ConnectionError.  No kwarmd on the
 socket raises NoDaemonError (a KwarmError and a ConnectionError), naming
