@@ -37,12 +37,6 @@ void kw__cache_destroy(kw_cache *c)
     free(c);
 }
 
-int kw__cache_refuse_ro(kw_cache *c)
-{
-    kw__cache_set_error(c, "%s is read-only", c->dir);
-    return KW_EROFS;
-}
-
 void kw_cache_close(kw_cache *c)
 {
     if (!c)

@@ -4,11 +4,12 @@
  * Files, each calling only files listed after it (no cycle): open.c
  * (open: environment, read-only fallback, stored limit), cache.c (close,
  * stats), read.c (get, borrow, contains, foreach, corrupt entries),
- * pins.c (named pin sets), protect.c (plans, pinned totals), prefix.c
- * (digest prefixes), flush.c (hits recorded in memory and their flush),
- * write.c (put, remove, pin, resize and the MDB_MAP_FULL retry loop),
- * record.c (the on-disk records and the entry/eviction primitives inside
- * a write transaction), hint.c (hits without B-tree lookups), held.c
+ * write.c (put, remove, pin, resize), pins.c (named pin sets), protect.c
+ * (plans, pinned totals), prefix.c (digest prefixes), flush.c (hits
+ * recorded in memory and their flush, the counted write of a put),
+ * commit.c (the write loop: MDB_MAP_FULL and a full disk turned into
+ * eviction and a retry), record.c (the on-disk records and the
+ * entry/eviction primitives inside a write transaction), hint.c (hits without B-tree lookups), held.c
  * (guards, and whether a pin set holds a digest), txn.c (errors, ticks,
  * the read-transaction pool); claim.c (claims on digests across
  * processes: byte-range locks on DIR/claims, beside LMDB's files).
@@ -48,7 +49,7 @@
  * returned through kw_cache.h. */
 #define KW__CACHE_EMAPFULL (-1999)
 
-/* Returned by write_once (write.c) when a commit could not write its
+/* Returned by write_once (commit.c) when a commit could not write its
  * pages: ENOSPC, EDQUOT, or EIO, which LMDB reports for a short write to
  * a full filesystem.  The write loop evicts and retries as for
  * MDB_MAP_FULL, then reports KW_EDISKFULL.  Never returned through
@@ -291,7 +292,11 @@ int kw__cache_held(kw_cache *c, MDB_txn *txn, const uint8_t *digest,
 int kw__cache_pinned_totals(kw_cache *c, MDB_txn *txn, uint64_t *entries,
                             uint64_t *bytes);
 
-/* --- write.c --- */
+/* --- commit.c --- */
+
+/* Entries evicted in the first round of making room (commit.c doubles it
+ * each round; write.c's fit_map takes batches of it). */
+#define KW__CACHE_EVICT_BATCH 16
 
 /* One step of a write transaction: 0 to commit, or a code to abort with. */
 typedef int (*kw__cache_txn_fn)(kw_cache *c, MDB_txn *txn, void *arg);

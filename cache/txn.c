@@ -163,3 +163,9 @@ void kw__cache_error_forget(const kw_cache *c)
     if (last_err.owner == c)
         last_err.owner = NULL;
 }
+
+int kw__cache_refuse_ro(kw_cache *c)
+{
+    kw__cache_set_error(c, "%s is read-only", c->dir);
+    return KW_EROFS;
+}
