@@ -68,6 +68,7 @@ typedef struct hooks {
     size_t instant_size; /* bytes of the stand-in cubin (256 by default) */
     int crash_family; /* -1: none */
     int hang_family;
+    int fail_family;
 } hooks;
 
 static int hook_family(const char *var)
@@ -93,6 +94,7 @@ static void hooks_load(hooks *h)
     h->instant_size = size > 256 && size <= (16l << 20) ? (size_t)size : 256;
     h->crash_family = hook_family("KWARM_TEST_CRASH_FAMILY");
     h->hang_family = hook_family("KWARM_TEST_HANG_FAMILY");
+    h->fail_family = hook_family("KWARM_TEST_FAIL_FAMILY");
 }
 
 /* Reads exactly len bytes from fd.  Returns 1, 0 on EOF before the first
@@ -343,6 +345,10 @@ static int answer_compile(const kw_keys_key *k, const hooks *h)
         abort();
     if ((int)k->family == h->hang_family)
         hang_until_eof();
+    if ((int)k->family == h->fail_family)
+        return send_response(KW_ENVRTC, 0.0, NULL,
+                             "kwarm-compile: failed by KWARM_TEST_FAIL_FAMILY\n"
+                             "(a test hook: no compiler ran)", NULL, 0);
     if (h->instant)
         return answer_instant(k, h->instant_size);
     kw_jit_result r;

@@ -94,6 +94,9 @@
  *   KWARM_TEST_HANG_FAMILY=<name>  never answer a request for that
  *       family (for the timeout test); the worker exits when its stdin
  *       closes, so killing the pool's process leaves none behind.
+ *   KWARM_TEST_FAIL_FAMILY=<name>  answer a request for that family as a
+ *       failed compile (KW_ENVRTC) with a two-line log, as NVRTC's would
+ *       be: how a failure's reason travels, without a broken compiler.
  */
 #ifndef KW_WARM_POOL_H
 #define KW_WARM_POOL_H
