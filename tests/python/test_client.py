@@ -166,10 +166,10 @@ class AgainstKwarmd(unittest.TestCase):
             self.assertTrue(c.ping())
 
 
-class Administration(unittest.TestCase):
-    """ls, pins, unpin, resize and evict_match against a kwarmd whose
-    compiles are instant (KWARM_TEST_INSTANT_COMPILE: the worker stores a
-    stand-in cubin at once)."""
+class InstantKwarmd(unittest.TestCase):
+    """A class's own kwarmd whose compiles are instant
+    (KWARM_TEST_INSTANT_COMPILE: the worker stores a stand-in cubin at
+    once), and the V3.2 fixture as cls.config."""
 
     @classmethod
     def setUpClass(cls):
@@ -184,6 +184,10 @@ class Administration(unittest.TestCase):
     @classmethod
     def tearDownClass(cls):
         assert cls.daemon.stop() == 0
+
+
+class Administration(InstantKwarmd):
+    """ls, pins, unpin, resize and evict_match."""
 
     def test_pinned_warmup_then_ls_pins_evict_unpin_and_resize(self):
         with kwarm_client.Client(self.daemon.sock, timeout=120) as c:
@@ -222,22 +226,8 @@ class Administration(unittest.TestCase):
             kwarm_client.parse_size("lots")
 
 
-class Detached(unittest.TestCase):
+class Detached(InstantKwarmd):
     """warmup_detached: kwarmd finishes the warmup after the client left."""
-
-    @classmethod
-    def setUpClass(cls):
-        os.environ["KWARM_TEST_INSTANT_COMPILE"] = "1"
-        try:
-            cls.daemon = Kwarmd()
-        finally:
-            del os.environ["KWARM_TEST_INSTANT_COMPILE"]
-        with open(FIXTURE) as f:
-            cls.config = json.load(f)
-
-    @classmethod
-    def tearDownClass(cls):
-        assert cls.daemon.stop() == 0
 
     def test_a_detached_warmup_goes_on_after_the_client_leaves(self):
         c = kwarm_client.Client(self.daemon.sock, timeout=120)
