@@ -99,25 +99,16 @@ typedef struct tally {
     kw__cli_progress progress;
 } tally;
 
-/* True for a key that compiled but could not be stored for lack of room:
- * the disk, or the cache's limit.  Said once per run (report), not per
- * key: every such key has the same cause. */
-static bool no_room(const kw_warm_result *r)
-{
-    return r->status == KW_WARM_FAILED &&
-           (r->rc == KW_EDISKFULL || r->rc == KW_ENOSPC);
-}
-
 /* warm's callback: count, print a failure, draw progress. */
 static void on_result(const kw_warm_result *r, void *arg)
 {
     tally *t = arg;
     t->count[r->status]++;
     t->done++;
-    if (no_room(r) && t->unstored++ == 0)
+    if (kw_warm_result_unstored(r) && t->unstored++ == 0)
         snprintf(t->unstored_why, sizeof t->unstored_why, "%s",
                  r->log ? r->log : kw_strerror(r->rc));
-    if (r->status == KW_WARM_FAILED && !no_room(r) &&
+    if (r->status == KW_WARM_FAILED && !kw_warm_result_unstored(r) &&
         t->count[KW_WARM_FAILED] - t->unstored <= KW_CLI_MAX_FAILS) {
         char hex[KW_KEYS_HEX_LEN];
         kw_keys_hex(r->key->digest, hex);

@@ -197,8 +197,7 @@ static void on_result(const kw_warm_result *res, void *arg)
     if (gone && res->job != NULL && !detached(r))
         kw_warm_job_cancel(res->job); /* the client left (once: cheap after) */
     r->count[res->status]++;
-    bool no_room = res->status == KW_WARM_FAILED &&
-                   (res->rc == KW_EDISKFULL || res->rc == KW_ENOSPC);
+    bool no_room = kw_warm_result_unstored(res);
     if (no_room && r->unstored++ == 0)
         snprintf(r->unstored_why, sizeof r->unstored_why, "%s",
                  res->log ? res->log : kw_strerror(res->rc));

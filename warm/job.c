@@ -8,12 +8,19 @@
 #include <string.h>
 
 #include "kw_alloc.h"
+#include "kw_err.h"
 
 const char *kw_warm_status_name(kw_warm_status s)
 {
     static const char *const names[] = {"hit", "remote_hit", "compiled",
                                         "failed", "cancelled"};
     return (unsigned)s < sizeof names / sizeof *names ? names[s] : "?";
+}
+
+bool kw_warm_result_unstored(const kw_warm_result *r)
+{
+    return r->status == KW_WARM_FAILED &&
+           (r->rc == KW_EDISKFULL || r->rc == KW_ENOSPC);
 }
 
 const double *kw_warm_compile_bounds(void)

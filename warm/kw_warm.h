@@ -98,6 +98,11 @@ typedef struct kw_warm_result {
 
 typedef void (*kw_warm_result_fn)(const kw_warm_result *r, void *arg);
 
+/* True for a key that compiled but could not be stored for lack of room:
+ * the cache's disk (KW_EDISKFULL) or its limit (KW_ENOSPC).  Every such
+ * key of a run has one cause, so callers say it once per run. */
+bool kw_warm_result_unstored(const kw_warm_result *r);
+
 /* Job flags. */
 #define KW_WARM_PURGE 1u   /* the caller saw a corrupt entry: purge pending
                               removals (kw_cache_flush) before storing */
