@@ -199,6 +199,9 @@ Test(daemon_flags, max_size_on_an_existing_cache_of_another_limit_warns)
     kwd_down(&d, &c);
     cr_expect_eq(log_count(&d, "--max-size 134217728 not applied"), 1);
     cr_expect_eq(log_count(&d, "limit of 67108864 bytes"), 1);
+    char named[400];
+    snprintf(named, sizeof named, "not applied: cache %s already", d.cache);
+    cr_expect_eq(log_count(&d, named), 1, "the warning names the cache");
     kwd_start(&d, 1, (const char *const[]){"--max-size", "64M", NULL});
     kwc_must_open(&c, d.sock);
     kwd_down(&d, &c);
