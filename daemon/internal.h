@@ -47,6 +47,9 @@
 #define KW__FRAMES_PER_READ 16   /* requests parsed per read callback */
 #define KW__FLUSH_MS 2000        /* cache hit flush period */
 #define KW__JOB_THREADS 4        /* threads serving keys, warmup, stats, evict */
+#define KW__DERIVE_SLOTS 2       /* keys and warmup requests deriving their
+                                    keys at once (jobs.c); the rest wait
+                                    their turn, queued, not refused */
 #define KW__STOP_GRACE_MS 3000   /* after SIGTERM, connections still open
                                     then are closed whatever they wait on,
                                     unless a write completed within the
@@ -190,12 +193,15 @@ typedef struct kw__daemon {
     kw_remote *remote; /* fleet tier, or NULL; thread-safe itself */
     kw_warm *warm;     /* the warm pipeline; thread-safe itself */
     kw__audit audit;   /* gets that missed; thread-safe itself */
-    /* Job threads (jobs.c).  job_mu guards job_q, jobs_stopping. */
+    /* Job threads (jobs.c).  job_mu guards job_q, derive_q, nderiving,
+     * jobs_stopping. */
     pthread_t job_threads[KW__JOB_THREADS];
     unsigned njob_threads;
     pthread_mutex_t job_mu;
     pthread_cond_t job_cv;
     kw_queue job_q;     /* of kw__req, by jnode */
+    kw_queue derive_q;  /* requests waiting for a derivation slot, by jnode */
+    unsigned nderiving; /* handlers deriving now (KW__DERIVE_SLOTS) */
     bool jobs_stopping;
     uv_timer_t stop_timer; /* the SIGTERM grace period */
     uint64_t stop_at;      /* uv_now() of the signal */

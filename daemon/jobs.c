@@ -19,6 +19,47 @@
 #include "kw_err.h"
 #include "log.h"
 
+/* True when r's next run derives its keys: a keys request's first run,
+ * a warmup's (its pin stage derives nothing). */
+static bool derives(const kw__req *r)
+{
+    return (r->type == KW_PROTO_KEYS && r->state == NULL) ||
+           (r->type == KW_PROTO_WARMUP && !r->pin_stage);
+}
+
+/* Takes a derivation slot for r when its run needs one (job_mu held):
+ * false when all KW__DERIVE_SLOTS are taken and r was queued on derive_q
+ * instead, to run when a slot is given back (give_slot_locked).  A
+ * derivation holds a core and its key set (about 15 MB at 480,000 keys)
+ * while it runs: bounding how many run at once bounds that memory and
+ * leaves the cores to the loops (issue 23, point 7).  Once stopping,
+ * requests are refused at once and take no slot. */
+static bool take_slot_locked(kw__daemon *d, kw__req *r, bool *slot)
+{
+    *slot = !d->jobs_stopping && derives(r);
+    if (!*slot)
+        return true;
+    if (d->nderiving >= KW__DERIVE_SLOTS) {
+        kw_queue_push(&d->derive_q, &r->jnode);
+        *slot = false;
+        return false;
+    }
+    d->nderiving++;
+    return true;
+}
+
+/* Gives a derivation slot back (job_mu held): the oldest request waiting
+ * for one joins the job queue again. */
+static void give_slot_locked(kw__daemon *d)
+{
+    d->nderiving--;
+    kw_queue_node *n = kw_queue_pop(&d->derive_q);
+    if (n != NULL) {
+        kw_queue_push(&d->job_q, n);
+        pthread_cond_signal(&d->job_cv);
+    }
+}
+
 /* A job thread: runs queued requests until stopped; once stopping, the
  * requests left are refused. */
 static void *job_main(void *arg)
@@ -32,12 +73,17 @@ static void *job_main(void *arg)
         if (n == NULL)
             break;
         kw__req *r = KW_QUEUE_ENTRY(n, kw__req, jnode);
+        bool slot;
+        if (!take_slot_locked(d, r, &slot))
+            continue; /* waits on derive_q */
         bool stopping = d->jobs_stopping;
         pthread_mutex_unlock(&d->job_mu);
         kw__alloc_fail = !stopping && kw__alloc_fail_type == r->type; /* tests */
         d->up.run(r, stopping);
         kw__alloc_fail = false;
         pthread_mutex_lock(&d->job_mu);
+        if (slot)
+            give_slot_locked(d);
     }
     pthread_mutex_unlock(&d->job_mu);
     return NULL;
@@ -78,6 +124,9 @@ void kw__jobs_cancel(kw__daemon *d)
         return;
     pthread_mutex_lock(&d->job_mu);
     d->jobs_stopping = true;
+    kw_queue_node *n; /* those waiting for a slot are refused too */
+    while ((n = kw_queue_pop(&d->derive_q)) != NULL)
+        kw_queue_push(&d->job_q, n);
     pthread_cond_broadcast(&d->job_cv);
     pthread_mutex_unlock(&d->job_mu);
 }

@@ -12,12 +12,15 @@
  * loop through d->loop_done; the main loop finishes the stop when every
  * loop has.
  */
+#define _GNU_SOURCE /* syscall() */
 #include "loops.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <unistd.h>
 
 #include "kw_alloc.h"
@@ -61,10 +64,40 @@ static void on_wake(uv_async_t *h)
         loop_stop(l);
 }
 
+/* Asks the scheduler for a short time slice for the calling thread
+ * (SCHED_OTHER, nice unchanged, sched_runtime LOOP_SLICE_NS).  Linux's
+ * EEVDF scheduler (6.12 on) gives a thread with a shorter slice an
+ * earlier deadline when it wakes, so a loop that wakes for a ping runs
+ * before job threads that derive keys and stream JSON for whole slices,
+ * without taking CPU from them (issue 23, point 7).  Older kernels
+ * ignore sched_runtime for SCHED_OTHER; a kernel or seccomp profile that
+ * refuses the call leaves the default, which is only slower, so the
+ * failure is logged at debug level and not returned. */
+#define LOOP_SLICE_NS 100000ull /* 0.1 ms, the kernel's least */
+static void short_slice(void)
+{
+#ifdef SYS_sched_setattr
+    /* The kernel's struct sched_attr, version 0 (linux/sched/types.h,
+     * which cannot be included beside <sched.h>). */
+    struct {
+        uint32_t size, sched_policy;
+        uint64_t sched_flags;
+        int32_t sched_nice;
+        uint32_t sched_priority;
+        uint64_t sched_runtime, sched_deadline, sched_period;
+    } a = {.size = sizeof a, .sched_policy = 0 /* SCHED_OTHER */,
+           .sched_runtime = LOOP_SLICE_NS};
+    if (syscall(SYS_sched_setattr, 0, &a, 0) != 0)
+        KW_LOG(KW_LOG_DEBUG, "serving loop: sched_setattr: %s",
+               strerror(errno));
+#endif
+}
+
 static void *loop_main(void *arg)
 {
     kw__loop *l = arg;
     kw__daemon *d = l->d;
+    short_slice();
     uv_run(&l->loop, UV_RUN_DEFAULT);
     /* under done_mu: the main loop closes loop_done only once every loop
      * has counted itself, so no send can follow the close */
