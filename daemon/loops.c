@@ -16,11 +16,12 @@
 #include "loops.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
-#include <unistd.h>
 #include <unistd.h>
 
 #include "kw_alloc.h"
@@ -87,6 +88,16 @@ static void short_slice(void)
         uint64_t sched_runtime, sched_deadline, sched_period;
     } a = {.size = sizeof a, .sched_policy = 0 /* SCHED_OTHER */,
            .sched_runtime = LOOP_SLICE_NS};
+    /* Only a thread of the default policy, and with its nice: Linux's
+     * nice is per thread, and a unit's Nice= or CPUSchedulingPolicy=
+     * stays as set. */
+    if (sched_getscheduler(0) != SCHED_OTHER)
+        return;
+    errno = 0;
+    int nice = getpriority(PRIO_PROCESS, 0);
+    if (nice == -1 && errno != 0)
+        return;
+    a.sched_nice = nice;
     if (syscall(SYS_sched_setattr, 0, &a, 0) != 0)
         KW_LOG(KW_LOG_DEBUG, "serving loop: sched_setattr: %s",
                strerror(errno));
