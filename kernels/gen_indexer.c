@@ -184,6 +184,14 @@ static float rand_logit(kw__k_rng *g)
     return (float)((x - 2.0) * 3.0);
 }
 
+/* A ReLU-weighted score: +0.0 or -0.0 (97%), else |logit|. */
+static float plateau_logit(kw__k_rng *g)
+{
+    if (!kw__k_chance(g, 30))
+        return kw__k_chance(g, 500) ? 0.0f : -0.0f;
+    return fabsf(rand_logit(g));
+}
+
 int kw__k_gen_itopk(kw_k_case *c, const kw_k_shape *s, kw__k_rng *g)
 {
     const int32_t topk = (int32_t)c->fields[0];
@@ -200,8 +208,12 @@ int kw__k_gen_itopk(kw_k_case *c, const kw_k_shape *s, kw__k_rng *g)
         float *row = lg + (int64_t)r * cols;
         int64_t kind = kw__k_rand_in(g, 0, 7);
         float same = rand_logit(g);
-        for (int32_t i = 0; i < cols; i++) /* kind 0: one repeated value */
-            row[i] = kind == 0 ? same : rand_logit(g);
+        /* kind 0: one repeated value; kind 4: a ReLU plateau, mostly
+         * +0.0 and -0.0 (one tie), the rest positive */
+        for (int32_t i = 0; i < cols; i++)
+            row[i] = kind == 0 ? same
+                     : kind == 4 ? plateau_logit(g)
+                                 : rand_logit(g);
         int32_t st = win && kind != 1 ? (int32_t)kw__k_rand_in(g, 0, cols) : 0;
         int32_t en = kind == 1 ? cols /* the whole row */
                      : kind == 2 ? st /* empty */
