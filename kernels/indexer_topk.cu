@@ -18,10 +18,16 @@
  * A second pass gathers the keys above it (fewer than TOPK) and those in
  * it (when at most IT_CAP); the boundary keys are sorted and the best
  * TOPK - above of them join the winners, which are sorted and written.
- * Two reads of the window.  When the boundary bin overflows (mass ties)
- * or TOPK > IT_CAP, the slow path emits the output in chunks of IT_CAP
- * ranks, each bounded by an exact radix select of the 64-bit keys (eight
- * 8-bit passes over the window): slower, for any window up to 2^31.
+ * Two reads of the window.  When the boundary bin overflows (mass ties:
+ * ReLU plateaus of exact 0.0) and TOPK <= IT_TIES, the tie path refines
+ * the boundary to one exact score v with two more histogram passes (the
+ * next 11, then the last 10 bits of mono(score), counted once per warp
+ * and bin), gathers the keys above v, and takes the tied keys of v in
+ * position order, chunk by chunk, until enough are held: the lowest
+ * positions win the tie, as the keys order them.  Otherwise (TOPK >
+ * IT_CAP) the slow path emits the output in chunks of IT_CAP ranks, each
+ * bounded by an exact radix select of the 64-bit keys (eight 8-bit passes
+ * over the window): slower, for any window up to 2^31.
  */
 
 typedef unsigned long long kw_u64;
@@ -29,6 +35,8 @@ typedef unsigned long long kw_u64;
 #define IT_THREADS 512
 #define IT_CAP 4096
 #define IT_BINS 2048
+/* The tie path holds fewer than TOPK + 4 IT_THREADS tied keys in cand. */
+#define IT_TIES (IT_CAP - 4 * IT_THREADS)
 /* hist[IT_BINS] u32, sel[IT_CAP] u64, cand[IT_CAP] u64 */
 #define IT_SMEM (IT_BINS * 4 + 2 * IT_CAP * 8)
 
@@ -372,6 +380,19 @@ __device__ __forceinline__ void it_emit(const kw_u64 *a, int n, int *out)
         out[i] = (int)(0xffffffffu - (unsigned)a[i]);
 }
 
+/* Sorts the n winners in sel and writes their positions to out. */
+__device__ __forceinline__ void it_finish(kw_u64 *sel, int n, int *out)
+{
+    if (n > 2048)
+        it_sort_emit<8>(sel, n, out);
+    else if (n > 1024)
+        it_sort_emit<4>(sel, n, out);
+    else {
+        it_sort(sel, n);
+        it_emit(sel, n, out);
+    }
+}
+
 /* Any k and window: chunks of IT_CAP ranks between exact selects. */
 __device__ void it_slow(const float *__restrict__ row, int len, int k,
                         int *out, unsigned *hist, kw_u64 *sel, it_ctl *ctl)
@@ -396,8 +417,105 @@ __device__ void it_slow(const float *__restrict__ row, int len, int k,
     }
 }
 
+/* Tie path, refinement step: counts, per warp and bin, the next B bits
+ * (below bit SH) of mono(score) for the scores whose bits above SH are
+ * pre. */
+template <int SH, int B>
+struct it_hist_in {
+    unsigned *hist;
+    unsigned pre;
+
+    __device__ __forceinline__ void operator()(float s, int, bool ok) const
+    {
+        const unsigned u = it_mono(s);
+        const bool in = ok && (u >> SH) == pre;
+        const unsigned b = in ? (u >> (SH - B)) & ((1u << B) - 1) : ~0u;
+        const unsigned peers = __match_any_sync(0xffffffffu, b);
+        if (in && (threadIdx.x & 31) == __ffs(peers) - 1)
+            atomicAdd(&hist[b], (unsigned)__popc(peers));
+    }
+};
+
+/* Tie path, gather step: the keys of scores above v go to sel. */
+struct it_above {
+    unsigned v;
+    kw_u64 *sel;
+    int *count;
+
+    __device__ __forceinline__ void operator()(float s, int i, bool ok) const
+    {
+        const bool g = ok && it_mono(s) > v;
+        it_append(g, it_key(s, i), sel, count);
+    }
+};
+
+/* One refinement pass: the bin of the next B bits below SH holding the
+ * k-th largest of the scores with prefix pre; returns k within it. */
+template <int SH, int B>
+__device__ int it_refine(const float *__restrict__ row, int len, int k,
+                         unsigned *pre, unsigned *hist, it_ctl *ctl)
+{
+    for (int i = threadIdx.x; i < (1 << B); i += IT_THREADS)
+        hist[i] = 0;
+    __syncthreads();
+    it_hist_in<SH, B> h = {hist, *pre};
+    it_visit(row, len, h);
+    __syncthreads();
+    if (threadIdx.x < 32)
+        it_find<(1 << B)>(hist, k, ctl);
+    __syncthreads();
+    *pre = (*pre << B) | (unsigned)ctl->bin;
+    k -= ctl->above;
+    __syncthreads();
+    return k;
+}
+
+/* The mass-tie case of it_fast (bin: the boundary of the top 11 bits,
+ * with above keys in higher bins): refines the boundary to the exact
+ * score v, gathers the keys above v into sel, then the tied keys of v
+ * chunk by chunk in position order into cand until m are held (fewer
+ * than m + 4 IT_THREADS), and keeps their m best (lowest positions). */
+template <int TOPK>
+__device__ void it_ties(const float *__restrict__ row, int len, int bin,
+                        int above, int *out, unsigned *hist, kw_u64 *sel,
+                        kw_u64 *cand, it_ctl *ctl)
+{
+    unsigned v = (unsigned)bin;
+    int m = it_refine<21, 11>(row, len, TOPK - above, &v, hist, ctl);
+    m = it_refine<10, 10>(row, len, m, &v, hist, ctl);
+    if (threadIdx.x == 0)
+        ctl->nsel = ctl->ncand = 0;
+    __syncthreads();
+    it_above g = {v, sel, &ctl->nsel};
+    it_visit(row, len, g);
+    for (int c0 = 0; c0 < len; c0 += 4 * IT_THREADS) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int i = c0 + 4 * (int)threadIdx.x + e;
+            const float x = i < len ? __ldg(row + i) : 0.0f;
+            it_append(i < len && it_mono(x) == v, it_key(x, i), cand,
+                      &ctl->ncand);
+        }
+        __syncthreads();
+        const int got = ctl->ncand;
+        __syncthreads(); /* all have read it before the next appends */
+        if (got >= m)
+            break;
+    }
+    const kw_u64 thr = it_select_smem(cand, ctl->ncand, m, hist, ctl);
+    const int nc = ctl->ncand;
+    for (int i0 = 0; i0 < nc; i0 += IT_THREADS) {
+        const int i = i0 + threadIdx.x;
+        it_append(i < nc && cand[i] >= thr, i < nc ? cand[i] : 0, sel,
+                  &ctl->nsel);
+    }
+    __syncthreads();
+    it_finish(sel, TOPK, out);
+}
+
 /* TOPK <= IT_CAP: histogram, gather, sort.  False when the boundary bin
- * holds more than IT_CAP keys (the caller takes the slow path). */
+ * holds more than IT_CAP keys and TOPK > IT_TIES (the caller takes the
+ * slow path). */
 template <int TOPK>
 __device__ bool it_fast(const float *__restrict__ row, int len, int *out,
                         unsigned *hist, kw_u64 *sel, kw_u64 *cand,
@@ -422,8 +540,12 @@ __device__ bool it_fast(const float *__restrict__ row, int len, int *out,
         ctl->nsel = ctl->ncand = 0;
     __syncthreads();
     const int bin = ctl->bin, above = ctl->above;
-    if (ctl->count > IT_CAP)
-        return false;
+    if (ctl->count > IT_CAP) {
+        if (TOPK > IT_TIES)
+            return false;
+        it_ties<TOPK>(row, len, bin, above, out, hist, sel, cand, ctl);
+        return true;
+    }
     it_gather(row, len, bin, sel, cand, ctl->wsum);
     if (threadIdx.x == 0) {
         ctl->nsel = above;
@@ -443,14 +565,7 @@ __device__ bool it_fast(const float *__restrict__ row, int len, int *out,
         }
         __syncthreads();
     }
-    if (n > 2048)
-        it_sort_emit<8>(sel, n, out);
-    else if (n > 1024)
-        it_sort_emit<4>(sel, n, out);
-    else {
-        it_sort(sel, n);
-        it_emit(sel, n, out);
-    }
+    it_finish(sel, n, out);
     return true;
 }
 
