@@ -86,7 +86,7 @@ static void short_slice(void)
         int32_t sched_nice;
         uint32_t sched_priority;
         uint64_t sched_runtime, sched_deadline, sched_period;
-    } a = {.size = sizeof a, .sched_policy = 0 /* SCHED_OTHER */,
+    } a = {.size = sizeof a, .sched_policy = SCHED_OTHER,
            .sched_runtime = LOOP_SLICE_NS};
     /* Only a thread of the default policy, and with its nice: Linux's
      * nice is per thread, and a unit's Nice= or CPUSchedulingPolicy=

@@ -88,25 +88,33 @@ static cJSON *v4_hdr(int dcp)
     return h;
 }
 
+/* Reads one frame of c's streamed reply: true for the final frame, put
+ * in *fin; else its items are added to *n. */
+static bool drain_step(kwc *c, size_t *n, kwr *fin)
+{
+    kwr r = kwc_must_recv(c, KWD_REPLY_MS);
+    if (r.type != KW_PROTO_PROGRESS) {
+        *fin = r;
+        return true;
+    }
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(r.hdr, "keys");
+    if (a == NULL)
+        a = cJSON_GetObjectItemCaseSensitive(r.hdr, "results");
+    if (a == NULL)
+        a = cJSON_GetObjectItemCaseSensitive(r.hdr, "entries");
+    *n += (size_t)cJSON_GetArraySize(a);
+    kwr_free(&r);
+    return false;
+}
+
 /* Reads c's streamed reply to its end; returns the items and the final
  * frame in *fin. */
 static size_t drain(kwc *c, kwr *fin)
 {
     size_t n = 0;
-    for (;;) {
-        kwr r = kwc_must_recv(c, KWD_REPLY_MS);
-        if (r.type != KW_PROTO_PROGRESS) {
-            *fin = r;
-            return n;
-        }
-        const cJSON *a = cJSON_GetObjectItemCaseSensitive(r.hdr, "keys");
-        if (a == NULL)
-            a = cJSON_GetObjectItemCaseSensitive(r.hdr, "results");
-        if (a == NULL)
-            a = cJSON_GetObjectItemCaseSensitive(r.hdr, "entries");
-        n += (size_t)cJSON_GetArraySize(a);
-        kwr_free(&r);
-    }
+    while (!drain_step(c, &n, fin))
+        ;
+    return n;
 }
 
 /* Reads the streamed replies of cs[0..k) to their ends, a frame of each
@@ -119,22 +127,12 @@ static void drain_all(kwc *cs, size_t k, size_t *n, kwr *fin)
 {
     bool over[8] = {false};
     cr_assert(k <= 8);
-    for (size_t left = k; left > 0;) {
-        for (size_t i = 0; i < k; i++) {
-            if (over[i])
-                continue;
-            kwr r = kwc_must_recv(&cs[i], KWD_REPLY_MS);
-            if (r.type != KW_PROTO_PROGRESS) {
-                fin[i] = r;
+    for (size_t left = k; left > 0;)
+        for (size_t i = 0; i < k; i++)
+            if (!over[i] && drain_step(&cs[i], &n[i], &fin[i])) {
                 over[i] = true;
                 left--;
-                continue;
             }
-            const cJSON *a = cJSON_GetObjectItemCaseSensitive(r.hdr, "keys");
-            n[i] += (size_t)cJSON_GetArraySize(a);
-            kwr_free(&r);
-        }
-    }
 }
 
 typedef struct scene {
