@@ -10,18 +10,28 @@
 #include <stdlib.h>
 
 /* RssAnon of pid in KiB (anonymous resident memory: the heap, not the
- * LMDB map, whose pages belong to the page cache); -1 when absent. */
-static inline long kwd_rss_anon_kib(pid_t pid)
+ * LMDB map, whose pages belong to the page cache); -1 when pid is gone.
+ * Asserts nothing: the pinger's thread calls it too. */
+static inline long kwd_rss_anon_try(pid_t pid)
 {
     char path[64], line[256];
     long kib = -1;
     snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
     FILE *f = fopen(path, "r");
-    cr_assert_not_null(f, "%s", path);
+    if (f == NULL)
+        return -1;
     while (fgets(line, sizeof line, f) != NULL)
         if (sscanf(line, "RssAnon: %ld kB", &kib) == 1)
             break;
     fclose(f);
+    return kib;
+}
+
+/* The same, asserting that pid is there. */
+static inline long kwd_rss_anon_kib(pid_t pid)
+{
+    long kib = kwd_rss_anon_try(pid);
+    cr_assert(kib >= 0, "no RssAnon for pid %d", (int)pid);
     return kib;
 }
 
@@ -45,10 +55,15 @@ static inline bool kwd_machine_loaded(void)
 /* A client on sock that pings until stop (or KWD_PINGS_MAX pings), each
  * answered within 1 s, pace_ms apart (0: back to back; a pace, not a
  * synchronisation).  failed: 1 could not connect, 2 a ping went
- * unanswered, 4 an answer was not PONG.  calloc it: lat is large. */
+ * unanswered, 4 an answer was not PONG.  With rss_pid set, RssAnon of
+ * that process is sampled before every ping and its largest value kept
+ * in rss_peak (KiB): a peak between two samples of a test's own thread
+ * is then seen too.  calloc it: lat is large. */
 typedef struct kwd_pinger {
     const char *sock;
     long pace_ms;
+    pid_t rss_pid;
+    _Atomic long rss_peak;
     _Atomic bool stop;
     double lat[KWD_PINGS_MAX]; /* ms */
     size_t n;
@@ -67,6 +82,9 @@ static inline void *kwd_ping_main(void *arg)
     while (!atomic_load(&p->stop) && p->n < KWD_PINGS_MAX) {
         struct timespec a, b;
         kwr r;
+        long rss = p->rss_pid > 0 ? kwd_rss_anon_try(p->rss_pid) : -1;
+        if (rss > atomic_load(&p->rss_peak))
+            atomic_store(&p->rss_peak, rss);
         clock_gettime(CLOCK_MONOTONIC, &a);
         if (kwc_send(&c, KW_PROTO_PING, NULL) != 0 || kwc_recv(&c, &r, 1000) != 0) {
             p->failed = 2;
