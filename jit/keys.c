@@ -181,15 +181,17 @@ static size_t sink_n(const sink *s)
     return s->set != NULL ? s->set->nkeys : s->pk->n;
 }
 
-/* Crosses one family's keys with every arch into s's packed set. */
-static int emit_packed(const keyvec *kv, const kw_config_deploy *d, sink *s)
+/* Crosses one family's keys with every arch into s's packed set: one
+ * entry a row, standing for the row on each of p->archs (d's archs, in
+ * d's order: the order emit() gives the keys). */
+static int emit_packed(const keyvec *kv, sink *s)
 {
-    for (size_t i = 0; i < kv->n; i++)
-        for (size_t a = 0; a < d->narch; a++) {
-            int rc = kw__keys_pack_add(s->pk, kv->family, (int)a, row_at(kv, i));
-            if (rc < 0)
-                return rc;
-        }
+    for (size_t i = 0; i < kv->n; i++) {
+        int rc = kw__keys_pack_add(s->pk, kv->family, KW__KEYS_ARCH_ALL,
+                                   row_at(kv, i));
+        if (rc < 0)
+            return rc;
+    }
     return 0;
 }
 
@@ -201,7 +203,7 @@ static int emit(const keyvec *kv, const kw_config_deploy *d,
     if (sink_n(s) + add > KW_KEYS_MAX)
         return KW_E2BIG;
     if (s->pk != NULL)
-        return emit_packed(kv, d, s);
+        return emit_packed(kv, s);
     kw_keys_set *out = s->set;
     kw_keys_key *keys = realloc(out->keys, (out->nkeys + add) * sizeof *keys);
     if (keys == NULL && out->nkeys + add > 0)
