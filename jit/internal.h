@@ -57,8 +57,35 @@ int kw__keys_digest_init(kw__keys_digest_ctx *ctx);
 void kw__keys_digest_with(const kw__keys_digest_ctx *ctx, const kw_keys_key *k,
                           uint8_t out[KW_KEYS_DIGEST_LEN]);
 
-/* Appends one key (family, the index of its arch in p->archs, its
- * fields) to p: 0 or KW_ENOMEM (keypack.c). */
+/* A packed set's entries (keypack.c, the format in its header): the
+ * arch byte of an entry that is its key once for every arch of the
+ * table, in table order (a derivation's row crossed with its archs). */
+#define KW__KEYS_ARCH_ALL 0xff
+/* Bytes of one family's fields as varints at most. */
+#define KW__KEYS_ROW_MAX (10 * KW_KEYS_MAX_FIELDS)
+/* Bytes of one entry at most: family, arch, a mask of up to 13 bits in
+ * two bytes, then the changed fields. */
+#define KW__KEYS_ENTRY_MAX (2 + 2 + KW__KEYS_ROW_MAX)
+
+/* Writes fields[0..nf) as zigzag varints at out (room for
+ * KW__KEYS_ROW_MAX bytes); the bytes written.  Equal fields give equal
+ * bytes, and no encoding is a prefix of another of the same nf. */
+size_t kw__keys_put_fields(uint8_t *out, const int64_t *fields, size_t nf);
+/* Reads nf fields of kw__keys_put_fields() at in; the bytes read. */
+size_t kw__keys_get_fields(const uint8_t *in, int64_t *fields, size_t nf);
+
+/* Writes one entry (family, arch: an index or KW__KEYS_ARCH_ALL, the
+ * family's fields) at out (room for KW__KEYS_ENTRY_MAX bytes) as the
+ * fields that differ from st's, and moves st to it; the bytes written. */
+size_t kw__keys_entry_put(uint8_t *out, kw_keys_delta *st, kw_k_family family,
+                          uint8_t arch, const int64_t *fields);
+/* Reads the entry at in, written against the state st holds, into st
+ * (family and fields) and *arch; the bytes read. */
+size_t kw__keys_entry_get(const uint8_t *in, kw_keys_delta *st, uint8_t *arch);
+
+/* Appends one entry to p: a key (family, the index of its arch in
+ * p->archs, its fields), or with arch KW__KEYS_ARCH_ALL that key once for
+ * every arch of p's table.  0 or KW_ENOMEM (keypack.c). */
 int kw__keys_pack_add(kw_keys_packed *p, kw_k_family family, int arch,
                       const int64_t *fields);
 /* Gives back p's spare bytes (a failed shrink keeps them). */

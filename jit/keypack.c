@@ -1,15 +1,23 @@
 /* keypack.c: a key set packed (kw_keys_packed, kw_keys.h).
  *
  * jit/'s kw_keys_key is 152 bytes (13 int64 fields, most unused, an arch
- * string and a digest).  Packed, a key is its family, the index of its
- * arch in the set's table, and each field its family uses as a zigzag
- * varint (LEB128: most fields are small, one or two bytes); its digest is
- * not kept but computed again as the key is read back (one BLAKE2b of
- * about 100 bytes, under a microsecond).  A DeepSeek-V4 key is 12 to 17
- * bytes (the larger fields of large DCP worlds take three).  A set whose
- * keys do not pack (more archs than the table holds, which no derivation
- * makes, or keys whose digests cannot be computed again) is kept as it
- * is: correct, only bigger.
+ * string and a digest).  Packed, the set is a run of entries, each one
+ * family byte, one arch byte, a varint mask of the fields that differ
+ * from the previous entry's, and for each of those the zigzag varint
+ * (LEB128) of the difference.  A derivation makes keys a family at a time,
+ * one field stepping at a time, and crosses every row with every arch, so
+ * most entries change one or two small fields, and one entry whose arch
+ * byte is KW__KEYS_ARCH_ALL stands for the row on every arch of the table.
+ * A key's digest is not kept but computed again as the key is read back
+ * (one BLAKE2b of about 100 bytes, under a microsecond).  At dcp_world
+ * 40000 on two archs a DeepSeek-V4-Flash key takes 2.75 bytes (1.3 MB for
+ * 480,348 keys; 16.6 bytes a key as fields alone), a V3.2 key 2.50.
+ *
+ * The price is that a set reads only forwards, from its first key: each
+ * entry means something only against the one before it (nobody seeks).
+ * A set whose keys do not pack (more archs than the table holds, which no
+ * derivation makes, or keys whose digests cannot be computed again) is
+ * kept as it is: correct, only bigger.
  */
 #include "kw_keys.h"
 
@@ -20,14 +28,22 @@
 #include "internal.h"
 #include "kw_err.h"
 
-#define FIXED 2 /* family, arch index */
-#define KEY_MAX (FIXED + 10 * KW_KEYS_MAX_FIELDS) /* a key's bytes at most */
-
-/* Appends v as a zigzag LEB128 varint at out; the bytes written (at most
- * 10). */
-static size_t put_varint(uint8_t *out, int64_t v)
+/* Zigzag maps small magnitudes of either sign to small unsigned values;
+ * done on uint64 so that every int64, and every wrapped difference of
+ * two, round-trips without signed overflow. */
+static uint64_t zigzag(uint64_t v)
 {
-    uint64_t z = ((uint64_t)v << 1) ^ (uint64_t)(v >> 63);
+    return (v << 1) ^ (0 - (v >> 63));
+}
+
+static uint64_t unzigzag(uint64_t z)
+{
+    return (z >> 1) ^ (0 - (z & 1));
+}
+
+/* Appends z as a LEB128 varint at out; the bytes written (at most 10). */
+static size_t put_uvarint(uint8_t *out, uint64_t z)
+{
     size_t n = 0;
     do {
         uint8_t b = z & 0x7f;
@@ -37,17 +53,85 @@ static size_t put_varint(uint8_t *out, int64_t v)
     return n;
 }
 
-/* Reads a varint of put_varint at in into *v; the bytes read. */
-static size_t get_varint(const uint8_t *in, int64_t *v)
+/* Reads a varint of put_uvarint at in into *z; the bytes read.  The
+ * bytes are ours (written by put_uvarint), so they are not checked. */
+static size_t get_uvarint(const uint8_t *in, uint64_t *z)
 {
-    uint64_t z = 0;
     size_t n = 0;
     unsigned shift = 0;
+    *z = 0;
     do {
-        z |= (uint64_t)(in[n] & 0x7f) << shift;
+        *z |= (uint64_t)(in[n] & 0x7f) << shift;
         shift += 7;
     } while (in[n++] & 0x80);
-    *v = (int64_t)(z >> 1) ^ -(int64_t)(z & 1);
+    return n;
+}
+
+size_t kw__keys_put_fields(uint8_t *out, const int64_t *fields, size_t nf)
+{
+    size_t n = 0;
+    for (size_t f = 0; f < nf; f++)
+        n += put_uvarint(out + n, zigzag((uint64_t)fields[f]));
+    return n;
+}
+
+size_t kw__keys_get_fields(const uint8_t *in, int64_t *fields, size_t nf)
+{
+    size_t n = 0;
+    for (size_t f = 0; f < nf; f++) {
+        uint64_t z;
+        n += get_uvarint(in + n, &z);
+        fields[f] = (int64_t)unzigzag(z);
+    }
+    return n;
+}
+
+/* Makes st the base of an entry of family: the previous entry's fields
+ * when it was of that family, else all zeros (what {0} also means, so
+ * the first entry needs no case of its own). */
+static void delta_enter(kw_keys_delta *st, kw_k_family family)
+{
+    if (st->family == (uint8_t)family)
+        return;
+    st->family = (uint8_t)family;
+    memset(st->fields, 0, sizeof st->fields);
+}
+
+size_t kw__keys_entry_put(uint8_t *out, kw_keys_delta *st, kw_k_family family,
+                          uint8_t arch, const int64_t *fields)
+{
+    size_t nf = kw_keys_nfields(family);
+    uint64_t mask = 0;
+    delta_enter(st, family);
+    for (size_t f = 0; f < nf; f++)
+        if (fields[f] != st->fields[f])
+            mask |= UINT64_C(1) << f;
+    out[0] = (uint8_t)family;
+    out[1] = arch;
+    size_t n = 2 + put_uvarint(out + 2, mask);
+    for (size_t f = 0; f < nf; f++) {
+        if (!(mask >> f & 1))
+            continue;
+        n += put_uvarint(out + n, zigzag((uint64_t)fields[f] -
+                                         (uint64_t)st->fields[f]));
+        st->fields[f] = fields[f];
+    }
+    return n;
+}
+
+size_t kw__keys_entry_get(const uint8_t *in, kw_keys_delta *st, uint8_t *arch)
+{
+    uint64_t mask;
+    delta_enter(st, (kw_k_family)in[0]);
+    *arch = in[1];
+    size_t n = 2 + get_uvarint(in + 2, &mask);
+    for (size_t f = 0; mask != 0; f++, mask >>= 1) {
+        if (!(mask & 1))
+            continue;
+        uint64_t z;
+        n += get_uvarint(in + n, &z);
+        st->fields[f] = (int64_t)((uint64_t)st->fields[f] + unzigzag(z));
+    }
     return n;
 }
 
@@ -71,7 +155,10 @@ void kw_keys_pack_init(kw_keys_packed *p)
 int kw__keys_pack_add(kw_keys_packed *p, kw_k_family family, int arch,
                       const int64_t *fields)
 {
-    if (p->len + KEY_MAX > p->cap) {
+    size_t keys = arch == KW__KEYS_ARCH_ALL ? p->narchs : 1;
+    if (keys == 0) /* every arch of none: no key, and no entry to read */
+        return 0;
+    if (p->len + KW__KEYS_ENTRY_MAX > p->cap) {
         size_t cap = p->cap ? p->cap * 2 : 4096;
         uint8_t *buf = realloc(p->buf, cap);
         if (buf == NULL)
@@ -79,14 +166,9 @@ int kw__keys_pack_add(kw_keys_packed *p, kw_k_family family, int arch,
         p->buf = buf;
         p->cap = cap;
     }
-    uint8_t *out = p->buf + p->len;
-    size_t off = FIXED, nf = kw_keys_nfields(family);
-    out[0] = (uint8_t)family;
-    out[1] = (uint8_t)arch;
-    for (size_t f = 0; f < nf; f++)
-        off += put_varint(out + off, fields[f]);
-    p->len += off;
-    p->n++;
+    p->len += kw__keys_entry_put(p->buf + p->len, &p->last, family,
+                                 (uint8_t)arch, fields);
+    p->n += keys;
     return 0;
 }
 
@@ -116,25 +198,53 @@ static bool packable(kw_keys_packed *p, const kw_keys_key *keys, size_t n)
     return true;
 }
 
+/* True when keys[i..] starts with one family and fields on every arch of
+ * p's table in table order: what a derivation makes of each row, packed
+ * as one KW__KEYS_ARCH_ALL entry (so a set packed here takes the bytes
+ * kw_keys_derive_packed() gives it). */
+static bool is_arch_run(kw_keys_packed *p, const kw_keys_key *keys, size_t i,
+                        size_t n)
+{
+    const kw_keys_key *k0 = &keys[i];
+    size_t bytes = kw_keys_nfields(k0->family) * sizeof k0->fields[0];
+    if (p->narchs == 0 || n - i < p->narchs)
+        return false;
+    for (size_t a = 0; a < p->narchs; a++) {
+        const kw_keys_key *k = &keys[i + a];
+        if (k->family != k0->family || arch_index(p, k->arch) != (int)a ||
+            memcmp(k->fields, k0->fields, bytes) != 0)
+            return false;
+    }
+    return true;
+}
+
+/* Keeps a copy of keys[0..n) whole in p (a set that does not pack). */
+static int keep_whole(kw_keys_packed *p, const kw_keys_key *keys, size_t n)
+{
+    kw_keys_pack_init(p);
+    if (n > 0 && (p->keys = malloc(n * sizeof *keys)) == NULL)
+        return KW_ENOMEM;
+    if (n > 0)
+        memcpy(p->keys, keys, n * sizeof *keys);
+    p->n = n;
+    return 0;
+}
+
 int kw_keys_pack(kw_keys_packed *p, const kw_keys_key *keys, size_t n)
 {
     kw__keys_digest_ctx ctx; /* a packed key's digest is computed again */
     kw_keys_pack_init(p);
-    if (kw__keys_digest_init(&ctx) < 0 || !packable(p, keys, n)) {
-        kw_keys_pack_init(p);
-        if (n > 0 && (p->keys = malloc(n * sizeof *keys)) == NULL)
-            return KW_ENOMEM;
-        if (n > 0)
-            memcpy(p->keys, keys, n * sizeof *keys);
-        p->n = n;
-        return 0;
-    }
-    for (size_t i = 0; i < n; i++) {
+    if (kw__keys_digest_init(&ctx) < 0 || !packable(p, keys, n))
+        return keep_whole(p, keys, n);
+    for (size_t i = 0; i < n;) {
         const kw_keys_key *k = &keys[i];
-        if (kw__keys_pack_add(p, k->family, arch_index(p, k->arch), k->fields) < 0) {
+        bool all = is_arch_run(p, keys, i, n);
+        int arch = all ? KW__KEYS_ARCH_ALL : arch_index(p, k->arch);
+        if (kw__keys_pack_add(p, k->family, arch, k->fields) < 0) {
             kw_keys_pack_destroy(p);
             return KW_ENOMEM;
         }
+        i += all ? p->narchs : 1;
     }
     kw__keys_pack_shrink(p);
     return 0;
@@ -146,6 +256,25 @@ bool kw_keys_pack_next(const kw_keys_packed *p, kw_keys_cursor *cur,
     return kw_keys_pack_read(p, cur, k, true);
 }
 
+/* Steps cur to its next key, whose family and fields are then cur->last's,
+ * and returns its arch index: the next arch of an open ALL entry, else
+ * the arch of the entry at cur->off, which is read. */
+static uint8_t cursor_step(const kw_keys_packed *p, kw_keys_cursor *cur)
+{
+    uint8_t arch = cur->arch;
+    if (!cur->open) {
+        cur->off += kw__keys_entry_get(p->buf + cur->off, &cur->last, &arch);
+        cur->open = arch == KW__KEYS_ARCH_ALL;
+        if (cur->open)
+            arch = 0;
+    }
+    if (cur->open) {
+        cur->arch = (uint8_t)(arch + 1);
+        cur->open = cur->arch < p->narchs;
+    }
+    return arch;
+}
+
 bool kw_keys_pack_read(const kw_keys_packed *p, kw_keys_cursor *cur,
                        kw_keys_key *k, bool digest)
 {
@@ -155,18 +284,15 @@ bool kw_keys_pack_read(const kw_keys_packed *p, kw_keys_cursor *cur,
         *k = p->keys[cur->i++];
         return true;
     }
-    const uint8_t *in = p->buf + cur->off;
+    uint8_t arch = cursor_step(p, cur);
     memset(k, 0, sizeof *k);
-    k->family = (kw_k_family)in[0];
-    memcpy(k->arch, p->archs[in[1]], sizeof k->arch);
-    size_t off = FIXED, nf = kw_keys_nfields(k->family);
-    for (size_t f = 0; f < nf; f++)
-        off += get_varint(in + off, &k->fields[f]);
+    k->family = (kw_k_family)cur->last.family;
+    memcpy(k->fields, cur->last.fields, sizeof k->fields);
+    memcpy(k->arch, p->archs[arch], sizeof k->arch);
     /* The family was valid when packed, and the toolchain query behind
      * the digest answered when the set was made. */
     if (digest)
         (void)kw_keys_digest(k, k->digest);
-    cur->off += off;
     cur->i++;
     return true;
 }

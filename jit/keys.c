@@ -17,45 +17,66 @@
 #include "internal.h"
 #include "kw_err.h"
 
-/* Keys of one family under construction, de-duplicated on insert. */
+/* Keys of one family under construction, de-duplicated on insert.  A
+ * row is kept as its fields' zigzag varints (kw__keys_put_fields), not as
+ * int64s: the largest family's table is the derivation's peak, and its
+ * fields are mostly one or two bytes.  Equal rows encode to equal bytes,
+ * so rows are hashed and compared encoded, and decoded only to emit. */
 typedef struct keyvec {
     kw_k_family family;
     size_t nfields;
-    int64_t *rows;   /* n rows of nfields each, not KW_KEYS_MAX_FIELDS: the
-                        largest family's table is the derivation's peak */
+    uint8_t *bytes;  /* the rows' encodings, back to back */
+    size_t len, bcap;
+    uint32_t *off;   /* row i is bytes[off[i], off[i + 1]); cap + 1 */
     size_t n, cap;
     uint32_t *index; /* open addressing: row number + 1, 0 = empty */
     size_t icap;     /* power of two, at least 2 * cap */
     int rc;          /* first error; later adds are no-ops */
 } keyvec;
 
-static uint64_t row_hash(const int64_t *row, size_t n)
+static uint64_t row_hash(const uint8_t *row, size_t len)
 {
     static const unsigned char key[crypto_shorthash_KEYBYTES] = {0};
     uint8_t h[crypto_shorthash_BYTES];
-    crypto_shorthash(h, (const unsigned char *)row, n * sizeof *row, key);
+    crypto_shorthash(h, row, len, key);
     uint64_t v = 0;
     memcpy(&v, h, sizeof v);
     return v;
 }
 
-/* Row i of kv. */
-static int64_t *row_at(const keyvec *kv, size_t i)
+/* The slot of kv's index where the row of len bytes at row is, or the
+ * empty slot where it would go. */
+static size_t keyvec_slot(const keyvec *kv, const uint8_t *row, size_t len)
 {
-    return kv->rows + i * kv->nfields;
+    size_t h = row_hash(row, len) & (kv->icap - 1);
+    for (; kv->index[h] != 0; h = (h + 1) & (kv->icap - 1)) {
+        size_t i = kv->index[h] - 1;
+        if (kv->off[i + 1] - kv->off[i] == len &&
+            memcmp(kv->bytes + kv->off[i], row, len) == 0)
+            break;
+    }
+    return h;
 }
 
-/* Doubles the row store and rebuilds the index. */
+/* Decodes row i of kv into fields (kv->nfields of them). */
+static void row_get(const keyvec *kv, size_t i, int64_t *fields)
+{
+    kw__keys_get_fields(kv->bytes + kv->off[i], fields, kv->nfields);
+}
+
+/* Doubles the row count kv holds (offsets and index) and rebuilds the
+ * index. */
 static int keyvec_grow(keyvec *kv)
 {
     size_t cap = kv->cap ? kv->cap * 2 : 64;
     if (cap > KW_KEYS_MAX)
         return KW_E2BIG;
-    size_t stride = kv->nfields ? kv->nfields : 1;
-    void *rows = realloc(kv->rows, cap * stride * sizeof *kv->rows);
-    if (rows == NULL)
+    uint32_t *off = realloc(kv->off, (cap + 1) * sizeof *off);
+    if (off == NULL)
         return KW_ENOMEM;
-    kv->rows = rows;
+    kv->off = off;
+    if (kv->cap == 0)
+        kv->off[0] = 0; /* where row 0 starts; the others end rows */
     uint32_t *idx = calloc(cap * 2, sizeof *idx);
     if (idx == NULL)
         return KW_ENOMEM;
@@ -63,34 +84,53 @@ static int keyvec_grow(keyvec *kv)
     kv->index = idx;
     kv->cap = cap;
     kv->icap = cap * 2;
-    for (size_t i = 0; i < kv->n; i++) {
-        size_t h = row_hash(row_at(kv, i), kv->nfields) & (kv->icap - 1);
-        while (kv->index[h] != 0)
-            h = (h + 1) & (kv->icap - 1);
-        kv->index[h] = (uint32_t)(i + 1);
+    for (size_t i = 0; i < kv->n; i++) { /* distinct: each finds a gap */
+        size_t len = kv->off[i + 1] - kv->off[i];
+        kv->index[keyvec_slot(kv, kv->bytes + kv->off[i], len)] =
+            (uint32_t)(i + 1);
     }
+    return 0;
+}
+
+/* Makes room for len more bytes of rows.  KW_KEYS_MAX rows of at most
+ * KW__KEYS_ROW_MAX bytes fit the 32-bit offsets. */
+static int keyvec_reserve(keyvec *kv, size_t len)
+{
+    if (kv->len + len <= kv->bcap)
+        return 0;
+    size_t bcap = kv->bcap ? kv->bcap * 2 : 4096;
+    while (bcap < kv->len + len)
+        bcap *= 2;
+    uint8_t *bytes = realloc(kv->bytes, bcap);
+    if (bytes == NULL)
+        return KW_ENOMEM;
+    kv->bytes = bytes;
+    kv->bcap = bcap;
     return 0;
 }
 
 /* Adds one key's fields unless an equal key is already there. */
 static void keyvec_add(keyvec *kv, const int64_t *row)
 {
+    uint8_t enc[KW__KEYS_ROW_MAX];
     if (kv->rc < 0)
         return;
     if (kv->n == kv->cap && (kv->rc = keyvec_grow(kv)) < 0)
         return;
-    size_t bytes = kv->nfields * sizeof *row;
-    size_t h = row_hash(row, kv->nfields) & (kv->icap - 1);
-    for (; kv->index[h] != 0; h = (h + 1) & (kv->icap - 1))
-        if (memcmp(row_at(kv, kv->index[h] - 1), row, bytes) == 0)
-            return;
-    memcpy(row_at(kv, kv->n), row, bytes);
+    size_t len = kw__keys_put_fields(enc, row, kv->nfields);
+    size_t h = keyvec_slot(kv, enc, len);
+    if (kv->index[h] != 0 || (kv->rc = keyvec_reserve(kv, len)) < 0)
+        return;
+    memcpy(kv->bytes + kv->len, enc, len);
+    kv->len += len;
+    kv->off[kv->n + 1] = (uint32_t)kv->len;
     kv->index[h] = (uint32_t)(++kv->n);
 }
 
 static void keyvec_destroy(keyvec *kv)
 {
-    free(kv->rows);
+    free(kv->bytes);
+    free(kv->off);
     free(kv->index);
 }
 
@@ -181,15 +221,18 @@ static size_t sink_n(const sink *s)
     return s->set != NULL ? s->set->nkeys : s->pk->n;
 }
 
-/* Crosses one family's keys with every arch into s's packed set. */
-static int emit_packed(const keyvec *kv, const kw_config_deploy *d, sink *s)
+/* Crosses one family's keys with every arch into s's packed set: one
+ * entry a row, standing for the row on each of p->archs (d's archs, in
+ * d's order: the order emit() gives the keys). */
+static int emit_packed(const keyvec *kv, sink *s)
 {
-    for (size_t i = 0; i < kv->n; i++)
-        for (size_t a = 0; a < d->narch; a++) {
-            int rc = kw__keys_pack_add(s->pk, kv->family, (int)a, row_at(kv, i));
-            if (rc < 0)
-                return rc;
-        }
+    int64_t row[KW_KEYS_MAX_FIELDS];
+    for (size_t i = 0; i < kv->n; i++) {
+        row_get(kv, i, row);
+        int rc = kw__keys_pack_add(s->pk, kv->family, KW__KEYS_ARCH_ALL, row);
+        if (rc < 0)
+            return rc;
+    }
     return 0;
 }
 
@@ -201,7 +244,7 @@ static int emit(const keyvec *kv, const kw_config_deploy *d,
     if (sink_n(s) + add > KW_KEYS_MAX)
         return KW_E2BIG;
     if (s->pk != NULL)
-        return emit_packed(kv, d, s);
+        return emit_packed(kv, s);
     kw_keys_set *out = s->set;
     kw_keys_key *keys = realloc(out->keys, (out->nkeys + add) * sizeof *keys);
     if (keys == NULL && out->nkeys + add > 0)
@@ -212,7 +255,7 @@ static int emit(const keyvec *kv, const kw_config_deploy *d,
             kw_keys_key *k = &out->keys[out->nkeys++];
             memset(k, 0, sizeof *k);
             k->family = kv->family;
-            memcpy(k->fields, row_at(kv, i), kv->nfields * sizeof k->fields[0]);
+            row_get(kv, i, k->fields);
             memcpy(k->arch, d->arch[a], sizeof k->arch);
             kw__keys_digest_with(ctx, k, k->digest);
         }
