@@ -47,7 +47,7 @@
  * matrix" layout of wgmma (8 rows x 16 bytes contiguous, K-direction
  * neighbours 128 bytes apart, 8-row groups 8*HEAD_DIM apart), except on
  * the sm_90a prefill path at head_dim 128, where they are in its 128-byte
- * swizzle (IL_SWIZZLE, il_off_sw): same bits, 7-9% less time on the
+ * swizzle (IL_SWIZZLE, il_off_sw): same bits, 5-9% less time on the
  * H200, where Nsight Compute had seen kwarm's shared-memory throughput
  * at 70% for fewer bytes than DeepGEMM's swizzled tiles moved at 64%.
  *
@@ -100,7 +100,7 @@ typedef unsigned char kw_u8;
  * its K stages and queries in wgmma's 128-byte swizzle (il_off_sw), for
  * head_dim 128; 0 (bench_indexer DIR -DIL_SWIZZLE=0, for experiments):
  * the no-swizzle core-matrix layout.  Same bits either way; on the H200
- * the swizzle took prefill 7-9% faster (docs/perf.md, "The indexer
+ * the swizzle took prefill 5-9% faster (docs/perf.md, "The indexer
  * against DeepGEMM"). */
 #ifndef IL_SWIZZLE
 #define IL_SWIZZLE 1
