@@ -360,30 +360,59 @@ def topk(a, kern, res, prefill_kern):
     topk_rows(a, kern, z, ke, "mostly_zero", res, replays=25)
 
 
-def variants(a, dirs, res):
-    """Prefill of each DIR (kernel experiments) at 4096 x 65536, H 64,
-    causal, on the same data, alternating rounds, each sustained."""
-    S, SK = 4096, 65536
-    q, k, w, ksc, ks, ke, flops = prefill_data(S, SK, 64, False, 5)
-    out = torch.empty(S, SK, device="cuda")
-    fns, times = {}, {}
-    for d in dirs:
-        kern = ib.Kernel(d, "logits_prefill", json.load(open(f"{d}/kernels.json")))
-        fns[d] = kwarm_prefill(kern, q, k, w, ksc, ks, ke, out)
-        out.fill_(1.0)
-        fns[d]()
-        bad = check(out, q, k, ksc, w, ks, ke, [0, 1, 2047, 4095])
-        print(f"variant {d}: {bad} mismatches", flush=True)
-        times[d] = []
-    for _ in range(a.rounds):
+def variants(a, dirs, dg, res):
+    """Prefill of each DIR (kernel experiments) beside DeepGEMM on the
+    --quick shapes and one short one, same data, graphed, alternating
+    rounds, each sustained; each DIR's output checked as prefill_case's."""
+    cases = [(4096, 65536, 64, False), (2048, 65536, 64, False), (4096, 65536, 64, True),
+             (4096, 65536, 32, False), (2048, 8192, 64, False)]
+    for S, SK, H, cp in cases:
+        name = "logits_prefill" if H == 64 else "logits_prefill_h32"
+        q, k, w, ksc, ks, ke, flops = prefill_data(S, SK, H, cp, S + SK + H + cp)
+        out = torch.empty(S, SK, device="cuda")
+        rows = sorted({0, 1, S // 2 - 1, S // 2, S - 1})
+        calls = graph_calls(S, SK)
+        fns, times, bad, first = {}, {}, {}, None
         for d in dirs:
-            times[d].append(sustained(fns[d], a.iters, 1)[0])
-    for d in dirs:
-        m = statistics.median(times[d])
-        res.setdefault("variants", {})[d] = {"ms": m, "rounds": times[d], "tflops": flops / m / 1e9}
-        print(f"variant {d}: {m:.3f} ms = {flops / m / 1e9:.0f} TFLOP/s "
-              f"({flops / m / 1e9 / res['fp8_mm_tflops_start']:.3f} of _scaled_mm); rounds "
-              + ", ".join(f"{t:.3f}" for t in times[d]), flush=True)
+            kern = ib.Kernel(d, name, json.load(open(f"{d}/kernels.json")))
+            f = kwarm_prefill(kern, q, k, w, ksc, ks, ke, out)
+            out.fill_(1.0)
+            f()
+            torch.cuda.synchronize()
+            bad[d] = check(out, q, k, ksc, w, ks, ke, rows)
+            # Every value against the first DIR's, bit for bit (the same
+            # sums in the same order give the same bits).
+            if first is None:
+                first = out.clone()
+            else:
+                diff = int((out.view(torch.int32) != first.view(torch.int32)).sum().item())
+                print(f"variant {d}: {diff} values differ from {dirs[0]}'s", flush=True)
+                bad[d] += diff
+            fns[d] = graphed(f, calls)
+            times[d] = []
+        dgf = dg.prefill(q, k, ksc, w, ks, ke)
+        dout = dgf()
+        torch.cuda.synchronize()
+        bad["deepgemm"] = check(dout, q, k, ksc, w, ks, ke, rows)
+        del dout
+        fns["deepgemm"] = graphed(dgf, calls)
+        times["deepgemm"] = []
+        for _ in range(a.rounds):
+            for d in fns:
+                times[d].append(sustained(fns[d], a.iters, 1)[0] / calls)
+        tag = f"S={S} SK={SK} H={H} {'cp' if cp else 'causal'}"
+        dm = statistics.median(times["deepgemm"])
+        mm = res["fp8_mm_tflops_start"]
+        for d in fns:
+            m = statistics.median(times[d])
+            res.setdefault("variants", []).append(
+                {"build": d, "S": S, "SK": SK, "H": H, "cp": cp, "ms": m, "rounds": times[d],
+                 "tflops": flops / m / 1e9, "mismatches": bad[d], "over_deepgemm": m / dm})
+            print(f"variant {tag} {d}: {m:.3f} ms ({min(times[d]):.3f}-{max(times[d]):.3f}) "
+                  f"{flops / m / 1e9:.0f} TFLOP/s, {flops / m / 1e9 / mm:.3f} of _scaled_mm, "
+                  f"{m / dm:.3f} x DeepGEMM, mismatches {bad[d]}", flush=True)
+        del q, k, out, fns, first
+        torch.cuda.empty_cache()
 
 
 def splits(a, res):
@@ -418,7 +447,7 @@ def splits(a, res):
         res.setdefault("splits", []).append(row)
         print(f"splits S={S} SK={SK} H={H} {'cp' if cp else 'causal'} (auto {auto}): "
               + ", ".join(f"y={y} {statistics.median(times[y]):.3f} ms" for y in ys), flush=True)
-        del q, k, out, fns
+        del q, k, out, fns, first
         torch.cuda.empty_cache()
 
 
@@ -459,7 +488,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="the main shapes only")
     ap.add_argument("--only", choices=["prefill", "decode", "topk"])
     ap.add_argument("--variants", nargs="+", metavar="DIR",
-                    help="only time these builds' prefill (experiments) against each other")
+                    help="only time these builds' prefill (experiments) against each other and DeepGEMM")
     ap.add_argument("--eager", action="store_true",
                     help="also time prefill as eager launches (kwarm's through cupy)")
     ap.add_argument("--splits", action="store_true",
@@ -484,7 +513,8 @@ def main():
             json.dump(res, open(a.json, "w"), indent=1)
         return 0
     if a.variants:
-        variants(a, a.variants, res)
+        variants(a, a.variants, dg, res)
+        yardsticks(a, res, "end")
         if a.json:
             json.dump(res, open(a.json, "w"), indent=1)
         return 0

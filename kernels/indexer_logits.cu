@@ -45,7 +45,11 @@
  * block's queries (NQ = QB * HP columns x HEAD_DIM bytes), the stages and
  * the weights; queries and cp.async stages are in the no-swizzle "core
  * matrix" layout of wgmma (8 rows x 16 bytes contiguous, K-direction
- * neighbours 128 bytes apart, 8-row groups 8*HEAD_DIM apart).
+ * neighbours 128 bytes apart, 8-row groups 8*HEAD_DIM apart), except on
+ * the sm_90a prefill path at head_dim 128, where they are in its 128-byte
+ * swizzle (IL_SWIZZLE, il_off_sw): same bits, 5-9% less time on the
+ * H200, where Nsight Compute had seen kwarm's shared-memory throughput
+ * at 70% for fewer bytes than DeepGEMM's swizzled tiles moved at 64%.
  *
  * How a stage is filled:
  *  - prefill on sm_90a (il_loop::run_shared): one warp per tile, the
@@ -92,6 +96,15 @@ typedef unsigned long long kw_u64;
 typedef unsigned char kw_u8;
 
 #define IL_TILE 128
+/* IL_SWIZZLE 1 (the default): the sm_90a prefill path (run_shared) keeps
+ * its K stages and queries in wgmma's 128-byte swizzle (il_off_sw), for
+ * head_dim 128; 0 (bench_indexer DIR -DIL_SWIZZLE=0, for experiments):
+ * the no-swizzle core-matrix layout.  Same bits either way; on the H200
+ * the swizzle took prefill 5-9% faster (docs/perf.md, "The indexer
+ * against DeepGEMM"). */
+#ifndef IL_SWIZZLE
+#define IL_SWIZZLE 1
+#endif
 #define IL_PART_TILES 64 /* tiles of a prefill part at least (grid y) */
 #define IL_SMEM_BUDGET 217088
 
@@ -250,7 +263,7 @@ __device__ __forceinline__ void il_load_tile(unsigned dst, unsigned sdst,
  * w = tq * C + c of a query row (C = D / 16 chunks) goes to word tq of GEMM
  * k-chunk c, the order in which run_tma's threads hold the K rows; the
  * head_dim sum does not depend on the order. */
-template <int H, int D, int HP, int NQ, bool PERM, int NT>
+template <int H, int D, int HP, int NQ, bool PERM, bool SWZ, int NT>
 __device__ __forceinline__ void il_load_queries(kw_u8 *qs, float *ws,
                                                 const kw_u8 *__restrict__ q,
                                                 const float *__restrict__ w,
@@ -270,7 +283,7 @@ __device__ __forceinline__ void il_load_queries(kw_u8 *qs, float *ws,
                 *(unsigned *)(qs + il_off(col, wd % C, D) + 4 * (wd / C)) = x[i];
             }
         } else {
-            *(uint4 *)(qs + il_off(col, c, D)) = v;
+            *(uint4 *)(qs + (SWZ ? il_off_sw(col, c) : il_off(col, c, D))) = v;
         }
     }
     for (int col = threadIdx.x; col < NQ; col += NT) {
@@ -323,6 +336,8 @@ struct il_loop {
     /* Shared stages: 2 S of 64 rows; run() gives each warpgroup SW. */
     static constexpr int S = il_stages(NQ, D), SW = 2 * S / NWG;
     static constexpr int PP = PR > 0 ? PR : 1; /* page rows (decode) */
+    /* Prefill stages and queries in the 128-byte swizzle (IL_SWIZZLE). */
+    static constexpr bool SWZ = IL_WGMMA && IL_SWIZZLE && !PAGED && D == 128;
     il_smem_map<D, NQ, NW, S, SW> m;
     il_block<QW> bk; /* this warpgroup's queries */
     const int *lo, *hi;
@@ -532,11 +547,27 @@ struct il_loop {
         const int lane = threadIdx.x & 31, st = j % SS, row0 = tile(j) * IL_ROWS;
         const unsigned dst = m.k0 + st * IL_ROWS * D;
         const kw_u8 *kt = k + (long long)row0 * D;
+        if constexpr (SWZ) {
+            /* 8 lanes a row, 4 whole rows (512 bytes) per instruction:
+             * copy i takes row lane / 8 + 4 i, whose slot depends on
+             * lane and i % 2 only (il_off_sw). */
+            const int r = lane >> 3;
+            const unsigned d0 = dst + il_off_sw(r, lane & 7);
+            const unsigned d1 = dst + il_off_sw(r + 4, lane & 7) - 512;
 #pragma unroll
-        for (int i = 0; i < IL_ROWS * C / 32; i++) {
-            const int idx = lane + 32 * i, r = 8 * (idx / 8 / C) + idx % 8;
-            const bool v = row0 + r < bk.hi;
-            il_cp16(dst + 16 * idx, v ? kt + r * D + idx / 8 % C * 16 : k, v);
+            for (int i = 0; i < IL_ROWS / 4; i++) {
+                const bool v = row0 + r + 4 * i < bk.hi;
+                il_cp16((i & 1 ? d1 : d0) + 512 * i,
+                        v ? kt + 16 * lane + 512 * i : k, v);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < IL_ROWS * C / 32; i++) {
+                const int idx = lane + 32 * i, r = 8 * (idx / 8 / C) + idx % 8;
+                const bool v = row0 + r < bk.hi;
+                il_cp16(dst + 16 * idx, v ? kt + r * D + idx / 8 % C * 16 : k,
+                        v);
+            }
         }
 #pragma unroll
         for (int e = 0; e < IL_ROWS / 32; e++) {
@@ -579,7 +610,8 @@ struct il_loop {
         /* The descriptors of stage 0 and of the queries, and the barrier
          * addresses, are computed once, not in every iteration (the empty
          * asm keeps the compiler from recomputing the addresses). */
-        const kw_u64 kd = il_desc(m.k0, 8 * D), qd = il_desc(m.qa, 8 * D);
+        const kw_u64 kd = SWZ ? il_desc_sw(m.k0) : il_desc(m.k0, 8 * D);
+        const kw_u64 qd = SWZ ? il_desc_sw(m.qa) : il_desc(m.qa, 8 * D);
         asm("" : "+r"(full), "+r"(empty));
         float acc[NW / 2];
         float2 wr[NW / 8]; /* this thread's head weights */
@@ -607,7 +639,8 @@ struct il_loop {
                 pend = jn;
             }
             il_bar_wait(full + 8 * st, (unsigned)(j / SS) & 1u);
-            il_mma_issue<NW, D>(kd + st * (IL_ROWS * D >> 4), qd, acc);
+            il_mma_issue<NW, D, SWZ ? 2 : 16>(kd + st * (IL_ROWS * D >> 4), qd,
+                                              acc);
             il_mma_wait<NW>(acc);
             const float *sc = m.sc0 + st * IL_ROWS + il_row16();
             const float sc0 = sc[0], sc1 = sc[8];
@@ -754,7 +787,20 @@ __global__ void __launch_bounds__(il_threads(H, D, PAGED),
      * than kw_k_block_threads() the block would wait forever. */
     if (blockDim.x != L::NT)
         __trap();
-    extern __shared__ __align__(128) kw_u8 il_smem[];
+    /* The swizzle is of address bits: its tiles start 1024-aligned.  Only
+     * the swizzled keys ask for it, since the padding it puts before the
+     * dynamic shared memory (up to 1 KiB) would cost a decode SM its
+     * third block. */
+    kw_u8 *il_smem;
+    if constexpr (L::SWZ) {
+        extern __shared__ __align__(1024) kw_u8 il_smem_sw[];
+        il_smem = il_smem_sw;
+        if (__cvta_generic_to_shared(il_smem) & 1023u)
+            __trap();
+    } else {
+        extern __shared__ __align__(128) kw_u8 il_smem_ns[];
+        il_smem = il_smem_ns;
+    }
     __shared__ int lo[QB], hi[QB];
     L lp(il_smem);
     il_block<QB> bk;
@@ -774,7 +820,7 @@ __global__ void __launch_bounds__(il_threads(H, D, PAGED),
         }
     }
     constexpr bool TMA = IL_WGMMA && PAGED;
-    il_load_queries<H, D, HP, NQ, TMA, L::NT>(
+    il_load_queries<H, D, HP, NQ, TMA, L::SWZ, L::NT>(
         il_smem, (float *)(il_smem + NQ * D + L::S * IL_TILE * (D + 4)), q, w,
         bk.row0, bk.nq);
     __shared__ __align__(8) kw_u64 il_bars[2][L::NB];

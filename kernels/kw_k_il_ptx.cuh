@@ -19,6 +19,15 @@ __device__ __forceinline__ unsigned il_off(int r, int c, int d)
     return (unsigned)(((r >> 3) * (d >> 4) + c) * 128 + (r & 7) * 16);
 }
 
+/* The same in the 128-byte swizzle of 128-byte rows (wgmma's and TMA's
+ * SWIZZLE_128B, tile 1024-byte aligned): row r at 128 r, its chunk c in
+ * slot c ^ (r % 8), so the 8 rows of a k-step's 32 bytes lie in distinct
+ * banks. */
+__device__ __forceinline__ unsigned il_off_sw(int r, int c)
+{
+    return (unsigned)(r * 128 + ((c ^ (r & 7)) << 4));
+}
+
 /* 16- and 4-byte copies global -> shared (zero-filled when !valid):
  * cp.async from sm_80 on; before that (sm_75) a plain load and store, so
  * the key still compiles and runs there, and commit/wait are no-ops. */
@@ -76,6 +85,15 @@ __device__ __forceinline__ kw_u64 il_desc(unsigned a, unsigned sbo)
 {
     return (kw_u64)((a & 0x3FFFF) >> 4) | ((kw_u64)(128 >> 4) << 16) |
            ((kw_u64)(sbo >> 4) << 32);
+}
+
+/* wgmma descriptor of a K-major tile of 128-byte rows in the 128-byte
+ * swizzle (il_off_sw) at shared address a, 1024-byte aligned: 8-row
+ * groups 1024 bytes apart (the leading offset is unused, 1 by custom). */
+__device__ __forceinline__ kw_u64 il_desc_sw(unsigned a)
+{
+    return (kw_u64)((a & 0x3FFFF) >> 4) | ((kw_u64)1 << 16) |
+           ((kw_u64)(1024 >> 4) << 32) | ((kw_u64)1 << 62);
 }
 
 /* wgmma m64nNk32 e4m3 into f32 accumulators d[N/2]: run() takes A
@@ -343,17 +361,18 @@ __device__ __forceinline__ void il_mma(unsigned ka, unsigned qa,
 }
 
 #if IL_WGMMA
-/* il_mma on sm_90a in two halves, from the descriptors (il_desc) of the K
- * tile and of the queries: k-step kk is 256 bytes further, 16 added to a
- * descriptor (shared addresses stay below 256 KiB, so the sum stays in the
- * address field).  il_mma_wait: after it the accumulators are read. */
-template <int N, int D>
+/* il_mma on sm_90a in two halves, from the descriptors of the K tile and
+ * of the queries: k-step kk is KS * 16 bytes further, KS added to a
+ * descriptor (il_desc: 256 bytes, KS 16; il_desc_sw: 32 bytes, KS 2;
+ * shared addresses stay below 256 KiB, so the sum stays in the address
+ * field).  il_mma_wait: after it the accumulators are read. */
+template <int N, int D, int KS>
 __device__ __forceinline__ void il_mma_issue(kw_u64 kd, kw_u64 qd, float *acc)
 {
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
     for (int kk = 0; kk < D / 32; kk++)
-        il_wgmma<N>::run(acc, kd + kk * 16, qd + kk * 16, kk > 0);
+        il_wgmma<N>::run(acc, kd + kk * KS, qd + kk * KS, kk > 0);
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
 
