@@ -1,7 +1,8 @@
 /* held.c: whether eviction must pass an entry by: protected by a guard
- * of this process (in memory) or in a stored pin set ("pinidx").  Below
- * record.c's eviction, pins.c and protect.c; uses only txn.c.  Guards
- * live in c->guards under prot_mu.
+ * of this process (in memory) or in a stored pin set ("pinidx"); and the
+ * sets of 64-bit digest hashes that guards and plans (protect.c) are
+ * made of.  Below record.c's eviction, pins.c and protect.c; uses only
+ * txn.c.  Guards live in c->guards under prot_mu.
  */
 #include "kw_cache.h"
 
@@ -36,9 +37,36 @@ static int cmp_u64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static bool guard_has(const kw_cache_guard *g, uint64_t h)
+static bool has_hash(const uint64_t *h, size_t nh, uint64_t x)
 {
-    return g->n && bsearch(&h, g->h, g->n, sizeof h, cmp_u64) != NULL;
+    return nh && bsearch(&x, h, nh, sizeof x, cmp_u64) != NULL;
+}
+
+int kw__cache_hash_set(size_t n, kw_cache_digest_fn next, void *arg,
+                       uint64_t **h, size_t *nh)
+{
+    uint64_t *s = malloc(n ? n * sizeof *s : 1);
+    if (!s)
+        return KW_ENOMEM;
+    uint8_t d[KW_CACHE_DIGEST_LEN];
+    for (size_t i = 0; i < n; i++) {
+        next(arg, d);
+        s[i] = digest_hash(d);
+    }
+    qsort(s, n, sizeof *s, cmp_u64);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (k == 0 || s[k - 1] != s[i])
+            s[k++] = s[i];
+    *h = s;
+    *nh = k;
+    return 0;
+}
+
+bool kw__cache_hash_set_has(const uint64_t *h, size_t nh,
+                            const uint8_t *digest)
+{
+    return has_hash(h, nh, digest_hash(digest));
 }
 
 bool kw__cache_protected(kw_cache *c, const uint8_t *digest)
@@ -47,7 +75,7 @@ bool kw__cache_protected(kw_cache *c, const uint8_t *digest)
     uint64_t h = digest_hash(digest);
     pthread_mutex_lock(&c->prot_mu);
     for (const kw_cache_guard *g = c->guards; g && !yes; g = g->next)
-        yes = guard_has(g, h);
+        yes = has_hash(g->h, g->n, h);
     pthread_mutex_unlock(&c->prot_mu);
     return yes;
 }
@@ -58,19 +86,10 @@ int kw_cache_protect_each(kw_cache *c, size_t n, kw_cache_digest_fn next,
     if (!c || !out || (!next && n > 0))
         return KW_EINVAL;
     kw_cache_guard *g = calloc(1, sizeof *g);
-    if (!g || !(g->h = malloc(n ? n * sizeof *g->h : 1))) {
+    if (!g || kw__cache_hash_set(n, next, arg, &g->h, &g->n) < 0) {
         free(g);
         return KW_ENOMEM;
     }
-    uint8_t d[KW_CACHE_DIGEST_LEN];
-    for (size_t i = 0; i < n; i++) {
-        next(arg, d);
-        g->h[i] = digest_hash(d);
-    }
-    qsort(g->h, n, sizeof *g->h, cmp_u64);
-    for (size_t i = 0; i < n; i++)
-        if (g->n == 0 || g->h[g->n - 1] != g->h[i])
-            g->h[g->n++] = g->h[i];
     g->c = c;
     pthread_mutex_lock(&c->prot_mu);
     g->next = c->guards;
@@ -82,8 +101,7 @@ int kw_cache_protect_each(kw_cache *c, size_t n, kw_cache_digest_fn next,
     return 0;
 }
 
-/* kw_cache_digest_fn over an array: arg is a cursor into it. */
-static void next_of_array(void *arg, uint8_t out[KW_CACHE_DIGEST_LEN])
+void kw__cache_next_of_array(void *arg, uint8_t out[KW_CACHE_DIGEST_LEN])
 {
     const uint8_t (**d)[KW_CACHE_DIGEST_LEN] = arg;
     memcpy(out, **d, KW_CACHE_DIGEST_LEN);
@@ -97,7 +115,7 @@ int kw_cache_protect(kw_cache *c,
     if (!digests && n > 0)
         return KW_EINVAL;
     const uint8_t (*cur)[KW_CACHE_DIGEST_LEN] = digests;
-    return kw_cache_protect_each(c, n, next_of_array, &cur, out);
+    return kw_cache_protect_each(c, n, kw__cache_next_of_array, &cur, out);
 }
 
 void kw_cache_unprotect(kw_cache_guard *g)

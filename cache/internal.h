@@ -9,10 +9,11 @@
  * recorded in memory and their flush, the counted write of a put),
  * commit.c (the write loop: MDB_MAP_FULL and a full disk turned into
  * eviction and a retry), record.c (the on-disk records and the
- * entry/eviction primitives inside a write transaction), hint.c (hits without B-tree lookups), held.c
- * (guards, and whether a pin set holds a digest), txn.c (errors, ticks,
- * the read-transaction pool); claim.c (claims on digests across
- * processes: byte-range locks on DIR/claims, beside LMDB's files).
+ * entry/eviction primitives inside a write transaction), hint.c (hits
+ * without B-tree lookups), held.c (guards, digest hash sets, and whether
+ * a pin set holds a digest), txn.c (errors, ticks, the read-transaction
+ * pool); claim.c (claims on digests across processes: byte-range locks
+ * on DIR/claims, beside LMDB's files).
  *
  * On-disk layout: one LMDB environment, six named databases.
  *   "meta"  digest (32 bytes) -> metadata record (record.c, versioned,
@@ -276,6 +277,24 @@ int kw__cache_in_sets(kw_cache *c, MDB_txn *txn, const uint8_t *digest,
 /* The same with a cursor on "pinidx" the caller keeps (a walk). */
 int kw__cache_in_sets_cur(kw_cache *c, MDB_cursor *cur, const uint8_t *digest,
                           bool *held, uint32_t *nsets);
+
+/* A set of n digests, which next(arg, out) gives one at a time, as the
+ * sorted array of their distinct 64-bit hashes (XXH3): *h (malloc'd, the
+ * caller frees it; 8 bytes a digest, where a copy of the digests would
+ * take 32) and *nh (<= n) its length.  Two digests of one hash are one
+ * element.  0, or KW_ENOMEM (*h and *nh untouched). */
+int kw__cache_hash_set(size_t n, kw_cache_digest_fn next, void *arg,
+                       uint64_t **h, size_t *nh);
+
+/* True when digest's hash is in the set h of nh hashes (a digest of the
+ * same hash as one of the set's is in it too). */
+bool kw__cache_hash_set_has(const uint64_t *h, size_t nh,
+                            const uint8_t *digest);
+
+/* A kw_cache_digest_fn over a plain array of digests, for the APIs that
+ * take one: arg is a `const uint8_t (**)[KW_CACHE_DIGEST_LEN]`, a cursor
+ * that starts at the array and moves one digest each call. */
+void kw__cache_next_of_array(void *arg, uint8_t out[KW_CACHE_DIGEST_LEN]);
 
 /* True when a guard of this handle protects digest.  Takes prot_mu. */
 bool kw__cache_protected(kw_cache *c, const uint8_t *digest);

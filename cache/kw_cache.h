@@ -323,6 +323,11 @@ int kw_cache_pin_names(kw_cache *c, const uint8_t digest[KW_CACHE_DIGEST_LEN],
 
 /* --- In-memory protection (a warm never evicts its own deployment) --- */
 
+/* Writes the next digest of a set into out (kw_cache_protect_each,
+ * kw_cache_plan_each): called exactly n times for a set of n digests, on
+ * the caller's thread, before the call that takes it returns. */
+typedef void (*kw_cache_digest_fn)(void *arg, uint8_t out[KW_CACHE_DIGEST_LEN]);
+
 typedef struct kw_cache_guard kw_cache_guard;
 
 /* Protects n digests (copied; present or not) from eviction by this
@@ -333,9 +338,6 @@ typedef struct kw_cache_guard kw_cache_guard;
 int kw_cache_protect(kw_cache *c,
                      const uint8_t (*digests)[KW_CACHE_DIGEST_LEN], size_t n,
                      kw_cache_guard **out);
-
-/* Writes the next digest of a set into out (kw_cache_protect_each). */
-typedef void (*kw_cache_digest_fn)(void *arg, uint8_t out[KW_CACHE_DIGEST_LEN]);
 
 /* kw_cache_protect() of n digests that next(arg, out) gives one at a
  * time: a caller whose set is not an array of digests (a packed key set)
@@ -363,8 +365,20 @@ typedef struct kw_cache_plan {
                               negative): room for the digests not stored */
 } kw_cache_plan;
 
-/* Fills *plan for the n digests (duplicates count once), in one read
- * transaction.  Works read-only.  0; KW_EINVAL; KW_ENOMEM; KW_ECACHE. */
+/* Fills *plan for the n digests that next(arg, out) gives one at a time
+ * (duplicates count once), in one read transaction.  Works read-only.
+ * The set is held as a 64-bit hash of each digest (8 bytes a digest, no
+ * copy of the digests), and an entry counts as the set's when its hash
+ * is one of the set's: two digests of one hash count once, so with
+ * probability about N^2 / 2^65 (N digests between the set and the
+ * cache) an entry not in the set counts as present, which makes the
+ * estimate off by that one entry.  0; KW_EINVAL (next NULL with n > 0);
+ * KW_ENOMEM; KW_ECACHE. */
+int kw_cache_plan_each(kw_cache *c, size_t n, kw_cache_digest_fn next,
+                       void *arg, kw_cache_plan *plan);
+
+/* kw_cache_plan_each() of an array of n digests (KW_EINVAL: digests NULL
+ * with n > 0). */
 int kw_cache_plan_get(kw_cache *c,
                       const uint8_t (*digests)[KW_CACHE_DIGEST_LEN], size_t n,
                       kw_cache_plan *plan);

@@ -335,6 +335,97 @@ Test(cache_pins, plan_counts_each_kind_of_held_entry_once)
     kw_cache_close(c);
 }
 
+/* The plan as kw_cache_plan_get() made it from a sorted copy of the
+ * digests, before plans held hashes (issue 23): each stored entry whose
+ * digest equals one of the request's is present, else held when it is
+ * pinned or one of the guarded digests. */
+typedef struct array_plan {
+    const digest_t *req, *guarded;
+    size_t nreq, nguarded;
+    kw_cache_plan p;
+} array_plan;
+
+static bool in_digests(const digest_t *d, size_t n, const uint8_t *x)
+{
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(d[i], x, KW_CACHE_DIGEST_LEN) == 0)
+            return true;
+    return false;
+}
+
+static int array_plan_entry(const uint8_t digest[KW_CACHE_DIGEST_LEN],
+                            const kw_cache_info *info, void *arg)
+{
+    array_plan *a = arg;
+    if (in_digests(a->req, a->nreq, digest)) {
+        a->p.present++;
+        a->p.present_bytes += info->size;
+    } else if (info->pinned || in_digests(a->guarded, a->nguarded, digest)) {
+        a->p.held_bytes += info->size;
+    }
+    return 0;
+}
+
+/* A kw_cache_digest_fn over an array that counts its calls. */
+typedef struct counting_reader {
+    const digest_t *d;
+    size_t calls;
+} counting_reader;
+
+static void next_counted(void *arg, uint8_t out[KW_CACHE_DIGEST_LEN])
+{
+    counting_reader *r = arg;
+    memcpy(out, r->d[r->calls++], KW_CACHE_DIGEST_LEN);
+}
+
+/* Issue 23: a plan made one digest at a time, as the hashes of the set,
+ * counts what the array plan counted: duplicates once, absent digests
+ * not at all, held entries beside the set. */
+Test(cache_pins, plan_each_counts_as_the_array_plan_did)
+{
+    kw_cache *c = tc_open(dir, MIB, false);
+    for (uint64_t i = 0; i < 40; i++) /* 0..4 pinned by their flag */
+        tc_put(c, i, 1000 + 37 * i, i < 5);
+    digest_t d[40];
+    digests(0, 40, d);
+    kw_cache_guard *g;
+    cr_assert_eq(kw_cache_pin_set(c, "s", (const digest_t *)&d[5], 5), 0);
+    cr_assert_eq(kw_cache_protect(c, (const digest_t *)&d[10], 5, &g), 0);
+    /* 9 present digests (of each kind), each 3 times, and 50 absent */
+    static const uint64_t present[] = {0, 2, 5, 7, 10, 12, 20, 21, 39};
+    digest_t req[77]; /* in a mixed order: slot i * 10 % 77 gets the i-th */
+    for (size_t i = 0; i < 77; i++) {
+        uint8_t *slot = req[i * 10 % 77];
+        if (i < 27)
+            memcpy(slot, d[present[i % 9]], KW_CACHE_DIGEST_LEN);
+        else
+            tc_digest(100 + i, slot);
+    }
+    array_plan a = {.req = (const digest_t *)req, .nreq = 77,
+                    .guarded = (const digest_t *)&d[10], .nguarded = 5};
+    cr_assert_eq(kw_cache_foreach(c, array_plan_entry, &a), 0);
+    cr_assert_eq(a.p.present, 9, "the reference itself");
+    counting_reader r = {.d = (const digest_t *)req};
+    kw_cache_plan p, q;
+    cr_assert_eq(kw_cache_plan_each(c, 77, next_counted, &r, &p), 0);
+    cr_assert_eq(r.calls, 77, "next is called once a digest");
+    cr_assert_eq(p.present, a.p.present);
+    cr_assert_eq(p.present_bytes, a.p.present_bytes);
+    cr_assert_eq(p.held_bytes, a.p.held_bytes);
+    cr_assert_eq(p.max_size, MIB);
+    cr_assert_eq(p.available, MIB - p.present_bytes - p.held_bytes);
+    cr_assert_eq(kw_cache_plan_get(c, (const digest_t *)req, 77, &q), 0);
+    cr_assert(memcmp(&p, &q, sizeof p) == 0, "plan_get is plan_each");
+    cr_assert_eq(kw_cache_plan_each(c, 1, NULL, NULL, &p), KW_EINVAL);
+    cr_assert_eq(kw_cache_plan_each(c, 0, NULL, NULL, &p), 0);
+    cr_assert_eq(p.held_bytes, a.p.held_bytes + a.p.present_bytes -
+                                   (1000 + 37 * 20) - (1000 + 37 * 21) -
+                                   (1000 + 37 * 39),
+                 "an empty set: every held entry, the request's too");
+    kw_cache_unprotect(g);
+    kw_cache_close(c);
+}
+
 /* Puts an entry under an explicit digest. */
 static void put_digest(kw_cache *c, const uint8_t *d, uint64_t i)
 {

@@ -118,6 +118,19 @@ void kw__warm_deliver(kw_warm *w, kw_warm_job *job, size_t i,
  * memory), the form cache/ takes. */
 uint8_t (*kw__warm_packed_digests(const kw_keys_packed *p))[KW_KEYS_DIGEST_LEN];
 
+/* A packed set read one digest at a time, for cache/'s calls that take
+ * a kw_cache_digest_fn (kw_cache_protect_each, kw_cache_plan_each), so
+ * that no array of the set's digests is made beside the packed keys.
+ * Start it as {.p = set}; p is borrowed for the reads. */
+typedef struct kw__warm_digest_reader {
+    const kw_keys_packed *p;
+    kw_keys_cursor cur;
+} kw__warm_digest_reader;
+
+/* The kw_cache_digest_fn of a reader (arg): the next key's digest, or
+ * zeros past the set's end. */
+void kw__warm_next_digest(void *arg, uint8_t out[KW_KEYS_DIGEST_LEN]);
+
 /* The digests of n keys as one array (malloc'd; NULL when out of
  * memory), the form cache/ takes. */
 uint8_t (*kw__warm_digests(const kw_keys_key *keys, size_t n))[KW_KEYS_DIGEST_LEN];

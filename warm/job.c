@@ -87,6 +87,16 @@ uint8_t (*kw__warm_packed_digests(const kw_keys_packed *p))[KW_KEYS_DIGEST_LEN]
     return d;
 }
 
+void kw__warm_next_digest(void *arg, uint8_t out[KW_KEYS_DIGEST_LEN])
+{
+    kw__warm_digest_reader *r = arg;
+    kw_keys_key k;
+    if (kw_keys_pack_next(r->p, &r->cur, &k))
+        memcpy(out, k.digest, KW_KEYS_DIGEST_LEN);
+    else
+        memset(out, 0, KW_KEYS_DIGEST_LEN); /* past the end: defined */
+}
+
 void kw_warm_job_release(kw_warm_job *job)
 {
     if (job != NULL)

@@ -4,19 +4,18 @@
 #include "internal.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "kw_err.h"
 
-/* kw_warm_plan_check() of n digests d (NULL: out of memory), which it
- * frees. */
-static int plan_check(kw_cache *c, uint8_t (*d)[KW_KEYS_DIGEST_LEN], size_t n,
-                      char *err, size_t errlen)
+/* kw_warm_plan_check() of the n digests that next(arg, out) gives: the
+ * plan's set is made as the digests are read, with no array of them. */
+static int plan_check(kw_cache *c, size_t n, kw_cache_digest_fn next,
+                      void *arg, char *err, size_t errlen)
 {
     kw_cache_plan p;
     kw_cache_stats st;
-    int rc = d ? kw_cache_plan_get(c, (const uint8_t (*)[32])d, n, &p)
-               : KW_ENOMEM;
-    free(d);
+    int rc = kw_cache_plan_each(c, n, next, arg, &p);
     if (rc == 0)
         rc = kw_cache_stats_get(c, &st);
     if (rc < 0) {
@@ -24,8 +23,9 @@ static int plan_check(kw_cache *c, uint8_t (*d)[KW_KEYS_DIGEST_LEN], size_t n,
         return rc;
     }
     /* The missing keys' sizes are unknown until they compile: estimate
-     * each as the cache's average entry. */
-    uint64_t missing = n - p.present;
+     * each as the cache's average entry.  present may pass n only when
+     * hashes collide (kw_cache_plan_each). */
+    uint64_t missing = n > p.present ? n - p.present : 0;
     uint64_t avg = st.entries ? st.bytes / st.entries : 0;
     uint64_t need = p.present_bytes + p.held_bytes + missing * avg;
     if (need <= p.max_size)
@@ -42,16 +42,27 @@ static int plan_check(kw_cache *c, uint8_t (*d)[KW_KEYS_DIGEST_LEN], size_t n,
     return KW_ENOSPC;
 }
 
+/* The kw_cache_digest_fn of an array of keys: arg is a cursor into it
+ * (const kw_keys_key **), moved one key each call. */
+static void next_key_digest(void *arg, uint8_t out[KW_KEYS_DIGEST_LEN])
+{
+    const kw_keys_key **k = arg;
+    memcpy(out, (*k)->digest, KW_KEYS_DIGEST_LEN);
+    (*k)++;
+}
+
 int kw_warm_plan_check(kw_cache *c, const kw_keys_key *keys, size_t n,
                        char *err, size_t errlen)
 {
-    return plan_check(c, kw__warm_digests(keys, n), n, err, errlen);
+    const kw_keys_key *cur = keys;
+    return plan_check(c, n, next_key_digest, &cur, err, errlen);
 }
 
 int kw_warm_plan_check_packed(kw_cache *c, const kw_keys_packed *keys,
                               char *err, size_t errlen)
 {
-    return plan_check(c, kw__warm_packed_digests(keys), keys->n, err, errlen);
+    kw__warm_digest_reader r = {.p = keys};
+    return plan_check(c, keys->n, kw__warm_next_digest, &r, err, errlen);
 }
 
 /* kw_warm_pin() of n digests d (NULL: out of memory), which it frees. */

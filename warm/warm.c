@@ -12,34 +12,19 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
-#include <string.h>
 #include <unistd.h>
 
 #include "internal.h"
 #include "kw_alloc.h"
 #include "kw_err.h"
 
-/* A packed set read one digest at a time (kw_cache_digest_fn). */
-typedef struct digest_reader {
-    const kw_keys_packed *p;
-    kw_keys_cursor cur;
-} digest_reader;
-
-static void next_digest(void *arg, uint8_t out[KW_KEYS_DIGEST_LEN])
-{
-    digest_reader *r = arg;
-    kw_keys_key k;
-    if (kw_keys_pack_next(r->p, &r->cur, &k))
-        memcpy(out, k.digest, KW_KEYS_DIGEST_LEN);
-}
-
 /* Protects the digests of job's keys from eviction while it runs: the
  * guard is made from the packed keys one digest at a time, with no array
  * of digests beside them. */
 static int protect(kw_warm *w, kw_warm_job *job)
 {
-    digest_reader r = {.p = &job->keys};
-    return kw_cache_protect_each(w->o.cache, job->n, next_digest, &r,
+    kw__warm_digest_reader r = {.p = &job->keys};
+    return kw_cache_protect_each(w->o.cache, job->n, kw__warm_next_digest, &r,
                                  &job->guard);
 }
 
