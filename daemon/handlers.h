@@ -18,7 +18,7 @@
 void kw__daemon_upcalls(kw__daemon *d);
 
 /* Derives the keys of a keys or warmup request's model and deployment,
- * packed (kw_keys_derive_packed: 12 to 17 bytes a key, and no digest
+ * packed (kw_keys_derive_packed: about 3 bytes a key, and no digest
  * computed, so a request the budget of keys in flight refuses costs
  * little); 0, or a code with the message in err (requests.c). */
 int kw__req_keys(const cJSON *h, kw_config_model *m, kw_config_deploy *d,

@@ -33,7 +33,7 @@ typedef struct flight {
 } flight;
 
 struct kw_warm_job {
-    kw_keys_packed keys; /* owned, packed (about 12 bytes a key); read a
+    kw_keys_packed keys; /* owned, packed (about 3 bytes a key); read a
                             chunk at a time by the intake (cursor) */
     size_t n;
     unsigned flags;

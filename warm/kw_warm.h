@@ -153,7 +153,7 @@ typedef struct kw_warm_stats {
 int kw_warm_open(kw_warm **out, const kw_warm_opts *o, char *err,
                  size_t errlen);
 
-/* Submits keys[0..n) (copied, packed: 12 to 17 bytes a key; n >= 1).
+/* Submits keys[0..n) (copied, packed: about 3 bytes a key; n >= 1).
  * fn(result, arg) is called once per key on warm's threads, never inside
  * this call.  *job (may be NULL) gets a handle for kw_warm_job_cancel(),
  * which the caller must give back with kw_warm_job_release() (before or
