@@ -337,10 +337,46 @@ def topk_rows(a, kern, x, ke, tag, res, replays=1):
         same += int(torch.equal(out, stable))
     mk, _ = sustained(fn, a.iters, a.rounds)
     mt, _ = sustained(lambda: torch.topk(xm, ib.TOPK, dim=1, sorted=True), a.iters, a.rounds)
-    res[f"topk_{tag}"] = {"kwarm_ms": mk, "torch_ms": mt, "speedup": mt / mk,
-                          "replays": replays, "replays_equal_stable": same}
+    r = res[f"topk_{tag}"] = {"kwarm_ms": mk, "torch_ms": mt, "speedup": mt / mk,
+                              "replays": replays, "replays_equal_stable": same}
     print(f"topk {tag}: kwarm {mk:.3f} ms, torch.topk {mt:.3f} ms ({mt / mk:.2f}x), "
           f"{same}/{replays} replays equal to the stable order", flush=True)
+    if a.flashinfer:
+        flashinfer_rows(a, x, ke, stable, r, replays)
+
+
+def flashinfer_rows(a, x, ke, stable, r, replays):
+    """FlashInfer's ragged top-k (bench/flashinfer_topk.cu) on the same
+    rows, in its fastest mode and in its deterministic one with ties to
+    the lower index (kwarm's order).  It returns the top-k as a set (its
+    order is not the score order), so a replay counts as equal when its
+    sorted indices are the stable top-k's, sorted."""
+    import ctypes
+    lib = ctypes.CDLL(a.flashinfer)
+    lib.kw_fi_topk_ragged.restype = ctypes.c_int
+    R, N = x.shape
+    out = torch.empty(R, ib.TOPK, dtype=torch.int32, device="cuda")
+    off = torch.zeros(R, dtype=torch.int32, device="cuda")
+    ln = ke.to(torch.int32).contiguous()
+    states = torch.zeros(1 << 20, dtype=torch.uint8, device="cuda")
+    want = torch.sort(stable, dim=1)[0]
+    P = ctypes.c_void_p
+    for mode, det, tie in (("fast", 0, 0), ("deterministic", 1, 1)):
+        def fn():
+            e = lib.kw_fi_topk_ragged(P(x.data_ptr()), P(out.data_ptr()), P(off.data_ptr()),
+                                      P(ln.data_ptr()), R, ib.TOPK, N, P(states.data_ptr()),
+                                      det, tie, P(torch.cuda.current_stream().cuda_stream))
+            if e:
+                raise RuntimeError(f"FlashInfer top-k ({mode}): cudaError {e}")
+        same = 0
+        for _ in range(replays):
+            fn()
+            same += int(torch.equal(torch.sort(out, dim=1)[0], want))
+        ms, _ = sustained(fn, a.iters, a.rounds)
+        r[f"flashinfer_{mode}_ms"] = ms
+        r[f"flashinfer_{mode}_replays_equal_stable_set"] = same
+        print(f"    FlashInfer {mode}: {ms:.3f} ms (kwarm {r['kwarm_ms'] / ms:.2f}x its time), "
+              f"{same}/{replays} replays the stable top-k set", flush=True)
 
 
 def topk(a, kern, res, prefill_kern):
@@ -487,6 +523,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="the main shapes only")
     ap.add_argument("--only", choices=["prefill", "decode", "topk"])
+    ap.add_argument("--flashinfer", metavar="LIB",
+                    help="time FlashInfer's top-k too: the library bench/flashinfer_build.sh built")
     ap.add_argument("--variants", nargs="+", metavar="DIR",
                     help="only time these builds' prefill (experiments) against each other and DeepGEMM")
     ap.add_argument("--eager", action="store_true",
@@ -502,8 +540,8 @@ def main():
     meta = json.load(open(f"{a.dir}/kernels.json"))
     if a.profile:
         return profile_once(a, meta)
-    dg = DeepGEMM()
-    res = {"device": torch.cuda.get_device_name(), "deepgemm_new_api": dg.new}
+    dg = DeepGEMM() if a.only != "topk" else None  # top-k alone needs no DeepGEMM
+    res = {"device": torch.cuda.get_device_name(), "deepgemm_new_api": dg and dg.new}
     yardsticks(a, res, "start")
     if a.splits:
         splits(a, res)
