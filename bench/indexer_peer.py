@@ -398,10 +398,11 @@ def topk(a, kern, res, prefill_kern):
 
 def variants(a, dirs, dg, res):
     """Prefill of each DIR (kernel experiments) beside DeepGEMM on the
-    --quick shapes and one short one, same data, graphed, alternating
+    --quick shapes and four short ones, same data, graphed, alternating
     rounds, each sustained; each DIR's output checked as prefill_case's."""
     cases = [(4096, 65536, 64, False), (2048, 65536, 64, False), (4096, 65536, 64, True),
-             (4096, 65536, 32, False), (2048, 8192, 64, False)]
+             (4096, 65536, 32, False), (2048, 8192, 64, False), (8192, 8192, 64, False),
+             (4096, 8192, 64, True), (2048, 8192, 32, True)]
     for S, SK, H, cp in cases:
         name = "logits_prefill" if H == 64 else "logits_prefill_h32"
         q, k, w, ksc, ks, ke, flops = prefill_data(S, SK, H, cp, S + SK + H + cp)

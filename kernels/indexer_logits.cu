@@ -105,6 +105,12 @@ typedef unsigned char kw_u8;
 #ifndef IL_SWIZZLE
 #define IL_SWIZZLE 1
 #endif
+/* IL_REVERSE 1 (bench_indexer DIR -DIL_REVERSE=1, an experiment not yet
+ * timed on the H200): prefill blocks take their query groups last first
+ * (il_block_start); 0, the default: in order. */
+#ifndef IL_REVERSE
+#define IL_REVERSE 0
+#endif
 #define IL_PART_TILES 64 /* tiles of a prefill part at least (grid y) */
 #define IL_SMEM_BUDGET 217088
 
@@ -729,7 +735,11 @@ __device__ __forceinline__ const int *il_block_start(
         bk.stride = z;
         bt = ia + (long long)b * y;
     } else {
-        bk.row0 = blockIdx.x * QB;
+        /* IL_REVERSE: the last query group first.  Causal windows grow
+         * with the query, and the SMs take blocks in blockIdx order, so
+         * the longest blocks start first and the shortest fill the tail
+         * (longest processing time first). */
+        bk.row0 = (IL_REVERSE ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * QB;
         bk.nq = x - bk.row0 < QB ? x - bk.row0 : QB;
         bk.limit = y;
         bk.stride = z;
