@@ -105,11 +105,12 @@ typedef unsigned char kw_u8;
 #ifndef IL_SWIZZLE
 #define IL_SWIZZLE 1
 #endif
-/* IL_REVERSE 1 (bench_indexer DIR -DIL_REVERSE=1, an experiment not yet
- * timed on the H200): prefill blocks take their query groups last first
- * (il_block_start); 0, the default: in order. */
+/* IL_REVERSE 1 (the default): prefill blocks take their query groups
+ * last first (il_block_start); 0 (-DIL_REVERSE=0, for experiments): in
+ * order.  Same bits; on the H200 the short causal and context-parallel
+ * shapes took 4-7% less time (docs/perf.md, "Longest windows first"). */
 #ifndef IL_REVERSE
-#define IL_REVERSE 0
+#define IL_REVERSE 1
 #endif
 #define IL_PART_TILES 64 /* tiles of a prefill part at least (grid y) */
 #define IL_SMEM_BUDGET 217088
