@@ -9,7 +9,7 @@
 #                 flashinfer-python==0.7.4), or a folder holding its
 #                 flashinfer/data/include and flashinfer/data/cccl (the
 #                 wheel is 101 MB, over the GPU machine's 64 MiB carry;
-#                 its headers are 32 MB, 5 MB as a .tar.gz)
+#                 its headers are 32 MB, 3.6 MB as a .tar.gz)
 #   OUTDIR        where the headers are unpacked and libkw_fi_topk.so built
 # Prints the library's path as its last line.  The kernel is header-only
 # (topk.cuh and CUB), so no tvm-ffi, cuda-python or torch extension is
