@@ -4,7 +4,7 @@
 
 usage: indexer_peer.py DIR [--json F] [--rounds R] [--iters N] [--eager]
                        [--quick] [--only prefill|decode|topk]
-                       [--variants DIR...] [--splits]
+                       [--variants DIR... [--shape S:SK:H:causal|cp ...]] [--splits]
 
 DIR holds bench_indexer's cubins and kernels.json; DeepGEMM is imported
 from PYTHONPATH, built at run time by bench/deepgemm_build.sh (nothing of
@@ -38,6 +38,7 @@ times, each equal to a stable torch order.
 """
 import argparse
 import json
+import os
 import statistics
 import sys
 
@@ -323,26 +324,53 @@ def decode_splits(a, kerns, res):
         torch.cuda.empty_cache()
 
 
-def topk_rows(a, kern, x, ke, tag, res, replays=1):
+def topk_rows(a, kerns, x, ke, tag, res, replays=1):
+    """Each of kerns ({name: kernel}: this build, or --variants' DIRs) on
+    the same rows, against the stable order, beside torch.topk (and
+    FlashInfer's top-k with --flashinfer)."""
     R, N = x.shape
     out = torch.empty(R, ib.TOPK, dtype=torch.int32, device="cuda")
     ks = torch.zeros(R, dtype=torch.int32, device="cuda")
-    args = [x, ks, ke, R, N, out]
-    fn = lambda: kern((R,), args)  # noqa: E731
     xm = x.masked_fill(torch.arange(N, device="cuda")[None, :] >= ke[:, None], float("-inf"))
     stable = torch.sort(xm, dim=1, descending=True, stable=True)[1][:, :ib.TOPK].to(torch.int32)
-    same = 0
-    for _ in range(replays):
-        fn()
-        same += int(torch.equal(out, stable))
-    mk, _ = sustained(fn, a.iters, a.rounds)
+    boundary_bins(xm, tag, res)
     mt, _ = sustained(lambda: torch.topk(xm, ib.TOPK, dim=1, sorted=True), a.iters, a.rounds)
-    r = res[f"topk_{tag}"] = {"kwarm_ms": mk, "torch_ms": mt, "speedup": mt / mk,
-                              "replays": replays, "replays_equal_stable": same}
-    print(f"topk {tag}: kwarm {mk:.3f} ms, torch.topk {mt:.3f} ms ({mt / mk:.2f}x), "
-          f"{same}/{replays} replays equal to the stable order", flush=True)
+    r = None
+    for name, kern in kerns.items():
+        args = [x, ks, ke, R, N, out]
+        fn = lambda: kern((R,), args)  # noqa: E731
+        same = 0
+        for _ in range(replays):
+            fn()
+            same += int(torch.equal(out, stable))
+        mk, _ = sustained(fn, a.iters, a.rounds)
+        key = f"topk_{tag}" if len(kerns) == 1 else f"topk_{tag}_{name}"
+        r = res[key] = {"kwarm_ms": mk, "torch_ms": mt, "speedup": mt / mk,
+                        "replays": replays, "replays_equal_stable": same}
+        print(f"topk {tag} {name}: kwarm {mk:.3f} ms, torch.topk {mt:.3f} ms ({mt / mk:.2f}x), "
+              f"{same}/{replays} replays equal to the stable order", flush=True)
     if a.flashinfer:
         flashinfer_rows(a, x, ke, stable, r, replays)
+
+
+def boundary_bins(xm, tag, res):
+    """How many of a row's scores share the 11-bit bin (indexer_topk.cu's
+    it_hist) of its top-k-th best: at most 4096 take the fast path, more
+    the tie path (two more reads of the window)."""
+    u = (xm + 0.0).view(torch.int32).to(torch.int64) & 0xffffffff   # + 0.0: -0.0 folded
+    mono = torch.where(u >= 1 << 31, ~u & 0xffffffff, u | (1 << 31))
+    del u
+    b = mono >> 21
+    del mono
+    kth = torch.topk(xm, ib.TOPK, dim=1).values[:, -1:]
+    kb = (b.gather(1, torch.argmax((xm == kth).int(), dim=1, keepdim=True)))
+    n = (b == kb).sum(1).float()
+    del b
+    q = [float(v) for v in torch.quantile(n, torch.tensor([0.5, 0.9, 1.0], device="cuda"))]
+    over = int((n > 4096).sum())
+    res[f"topk_{tag}_boundary_bin"] = {"median": q[0], "p90": q[1], "max": q[2], "rows_over_4096": over}
+    print(f"topk {tag}: boundary bin holds {q[0]:.0f} scores (median), {q[1]:.0f} (p90), "
+          f"{q[2]:.0f} (max); {over} of {xm.shape[0]} rows over 4096", flush=True)
 
 
 def flashinfer_rows(a, x, ke, stable, r, replays):
@@ -390,10 +418,15 @@ def topk(a, kern, res, prefill_kern):
     x = torch.empty(S, SK, device="cuda")
     kwarm_prefill(prefill_kern, q, k, w, ksc, ks, ke, x)()
     x = x.masked_fill(x == float("-inf"), 0.0)   # rows end at ke: the kernel reads no further
-    topk_rows(a, kern, x, ke, "indexer_logits", res, replays=3)
+    kerns = {"kwarm": kern}
+    if a.variants:
+        kerns = {os.path.basename(d.rstrip("/")): ib.Kernel(d, "topk_windowed", json.load(open(f"{d}/kernels.json")))
+                 for d in a.variants}
+    topk_rows(a, kerns, x, ke, "indexer_logits", res, replays=3)
+    del q, k
     # ReLU plateaus: most of each row exactly 0.0, the rest positive.
     z = torch.relu(torch.randn(S, SK, generator=g, device="cuda") - 2.0)
-    topk_rows(a, kern, z, ke, "mostly_zero", res, replays=25)
+    topk_rows(a, kerns, z, ke, "mostly_zero", res, replays=25)
 
 
 def variants(a, dirs, dg, res):
@@ -403,6 +436,8 @@ def variants(a, dirs, dg, res):
     cases = [(4096, 65536, 64, False), (2048, 65536, 64, False), (4096, 65536, 64, True),
              (4096, 65536, 32, False), (2048, 8192, 64, False), (8192, 8192, 64, False),
              (4096, 8192, 64, True), (2048, 8192, 32, True)]
+    if a.shape:
+        cases = [(int(S), int(SK), int(H), w == "cp") for S, SK, H, w in (x.split(":") for x in a.shape)]
     for S, SK, H, cp in cases:
         name = "logits_prefill" if H == 64 else "logits_prefill_h32"
         q, k, w, ksc, ks, ke, flops = prefill_data(S, SK, H, cp, S + SK + H + cp)
@@ -527,7 +562,10 @@ def main():
     ap.add_argument("--flashinfer", metavar="LIB",
                     help="time FlashInfer's top-k too: the library bench/flashinfer_build.sh built")
     ap.add_argument("--variants", nargs="+", metavar="DIR",
-                    help="only time these builds' prefill (experiments) against each other and DeepGEMM")
+                    help="only time these builds' prefill (experiments) against each other and DeepGEMM"
+                    " (with --only topk: their top-k, on the same rows)")
+    ap.add_argument("--shape", action="append", metavar="S:SK:H:causal|cp",
+                    help="with --variants: race these prefill shapes instead of the eight")
     ap.add_argument("--eager", action="store_true",
                     help="also time prefill as eager launches (kwarm's through cupy)")
     ap.add_argument("--splits", action="store_true",
@@ -551,7 +589,7 @@ def main():
         if a.json:
             json.dump(res, open(a.json, "w"), indent=1)
         return 0
-    if a.variants:
+    if a.variants and a.only != "topk":
         variants(a, a.variants, dg, res)
         yardsticks(a, res, "end")
         if a.json:
