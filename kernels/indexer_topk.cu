@@ -14,26 +14,58 @@
  * exactly the spec's order, ties by lower position included.
  *
  * Fast path (TOPK <= IT_CAP): one pass builds a histogram of the top 11
- * bits of mono(score); the bin holding the TOPK-th best is the boundary.
- * A second pass gathers the keys above it (fewer than TOPK) and those in
- * it (when at most IT_CAP); the boundary keys are sorted and the best
- * TOPK - above of them join the winners, which are sorted and written.
- * Two reads of the window.  When the boundary bin overflows (mass ties:
- * ReLU plateaus of exact 0.0) and TOPK <= IT_TIES, the tie path refines
- * the boundary to one exact score v with two more histogram passes (the
- * next 11, then the last 10 bits of mono(score), counted once per warp
- * and bin), gathers the keys above v, and takes the tied keys of v in
- * position order, chunk by chunk, until enough are held: the lowest
- * positions win the tie, as the keys order them.  Otherwise (TOPK >
- * IT_CAP) the slow path emits the output in chunks of IT_CAP ranks, each
- * bounded by an exact radix select of the 64-bit keys (eight 8-bit passes
- * over the window): slower, for any window up to 2^31.
+ * bits of mono(score); the bin holding the TOPK-th best is the boundary
+ * (found by all threads, it_find_all).  A second pass, last chunk first,
+ * places the keys above it (fewer than TOPK) into sel and those in it
+ * (when at most IT_CAP) into cand, one shared atomic per warp and 512
+ * elements (it_place); a radix select in shared memory bounds the best
+ * TOPK - above of the boundary keys, which join the winners; the winners
+ * are sorted by bucket (it_sort_bucket) and written.  Two reads of the
+ * window.  When the boundary bin overflows (mass ties: ReLU plateaus of
+ * exact 0.0) and TOPK <= IT_TIES, the tie path refines the boundary to
+ * one exact score v with two more histogram passes (the next 11, then
+ * the last 10 bits of mono(score), counted once per warp and bin),
+ * gathers the keys above v, and takes the tied keys of v in position
+ * order, chunk by chunk, until enough are held: the lowest positions win
+ * the tie, as the keys order them.  Otherwise (TOPK > IT_CAP) the slow
+ * path emits the output in chunks of IT_CAP ranks, each bounded by an
+ * exact radix select of the 64-bit keys (eight 8-bit passes over the
+ * window): slower, for any window up to 2^31.  Every step's result is a
+ * function of the window alone (slots taken by atomics are resolved by
+ * exact keys before anything is written), so replays agree bit for bit.
  */
 
 typedef unsigned long long kw_u64;
 
+/* IT_THREADS, IT_MINB (blocks an SM) and IT_CAP (keys of each shared
+ * buffer) may be overridden for experiments (bench_indexer DIR -D...,
+ * with kernels.json's threads and shmem patched to match); launch/
+ * (family.c) launches the defaults.  IT_BACK 1 (the default) makes the
+ * gather read the window last chunk first: the chunks the histogram read
+ * last, some still in L2 (6% less time on the H200's indexer logits than
+ * IT_BACK 0, first chunk first). */
+#ifndef IT_THREADS
 #define IT_THREADS 512
+#endif
+#ifndef IT_MINB
+#define IT_MINB 2
+#endif
+#ifndef IT_CAP
 #define IT_CAP 4096
+#endif
+#ifndef IT_BACK
+#define IT_BACK 1
+#endif
+/* IT_VU: 16-byte loads in flight per thread in it_visit (the histogram
+ * passes). */
+#ifndef IT_VU
+#define IT_VU 4
+#endif
+/* IT_BUCKET 1 (the default): the winners are sorted by bucket
+ * (it_sort_bucket); 0: by the bitonic network alone. */
+#ifndef IT_BUCKET
+#define IT_BUCKET 1
+#endif
 #define IT_BINS 2048
 /* The tie path holds fewer than TOPK + 4 IT_THREADS tied keys in cand. */
 #define IT_TIES (IT_CAP - 4 * IT_THREADS)
@@ -57,7 +89,9 @@ __device__ __forceinline__ kw_u64 it_key(float s, int pos)
 struct it_ctl {
     int bin, above, count; /* a radix step's result */
     int nsel, ncand;
-    int wsum[2 * (IT_THREADS / 32)]; /* it_gather's per-warp counts */
+    unsigned placed; /* it_gather's counts, above | in << 16 */
+    int wsum[IT_THREADS / 32]; /* it_find_all's per-warp sums */
+    kw_u64 red[2][IT_THREADS / 32]; /* it_sort_bucket's key range */
 };
 
 /* Warp 0: finds the bin (of NB, counted in hist) holding the k-th largest
@@ -89,8 +123,46 @@ __device__ __forceinline__ void it_find(const unsigned *hist, int k,
     }
 }
 
+/* All threads: it_find for NB >= IT_THREADS bins, each thread summing
+ * NB / IT_THREADS of them and a block scan placing its sum (one warp
+ * summing 2048 bins alone, 64 a lane, left the block idle for it). */
+template <int NB>
+__device__ __forceinline__ void it_find_all(const unsigned *hist, int k,
+                                            it_ctl *ctl)
+{
+    constexpr int PER = NB / IT_THREADS;
+    static_assert(PER >= 1 && NB % IT_THREADS == 0, "it_find_all: bins");
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    int s = 0;
+#pragma unroll
+    for (int j = 0; j < PER; j++)
+        s += (int)hist[NB - 1 - PER * t - j];
+    int x = s;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        int y = __shfl_up_sync(0xffffffffu, x, off);
+        x += lane >= off ? y : 0;
+    }
+    if (lane == 31)
+        ctl->wsum[warp] = x;
+    __syncthreads();
+    int before = x - s;
+    for (int w = 0; w < warp; w++)
+        before += ctl->wsum[w];
+#pragma unroll
+    for (int j = 0; j < PER; j++) {
+        const int b = NB - 1 - PER * t - j, h = (int)hist[b];
+        if (before < k && k <= before + h) {
+            ctl->bin = b;
+            ctl->above = before;
+            ctl->count = h;
+        }
+        before += h;
+    }
+}
+
 /* Calls f(score, position, valid) for every element of a window, with
- * 16-byte loads, four in flight per thread, between a scalar head (up to
+ * 16-byte loads, IT_VU (4) in flight per thread, between a scalar head (up to
  * the first 16-byte boundary) and a scalar tail: a block has enough bytes
  * in flight to stream the row at the memory's rate.  Every thread makes
  * the same number of calls in the same order (valid false past the end),
@@ -108,15 +180,15 @@ __device__ __forceinline__ void it_visit(const float *__restrict__ row,
     }
     const float4 *v = (const float4 *)(row + head);
     const int nv = (len - head) / 4;
-    for (int j0 = 0; j0 < nv; j0 += 4 * IT_THREADS) {
-        float4 x[4];
+    for (int j0 = 0; j0 < nv; j0 += IT_VU * IT_THREADS) {
+        float4 x[IT_VU];
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
+        for (int u = 0; u < IT_VU; u++) {
             int j = j0 + u * IT_THREADS + threadIdx.x;
             x[u] = j < nv ? __ldg(v + j) : make_float4(0, 0, 0, 0);
         }
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
+        for (int u = 0; u < IT_VU; u++) {
             int j = j0 + u * IT_THREADS + threadIdx.x;
             int p = head + 4 * j;
             bool ok = j < nv;
@@ -143,70 +215,112 @@ struct it_hist {
     }
 };
 
-/* First gather step: how many keys above the boundary bin (gt) and in
- * it (eq) this thread sees. */
-struct it_count {
-    int bin, gt, eq;
-
-    __device__ __forceinline__ void operator()(float s, int, bool ok)
-    {
-        int b = (int)(it_mono(s) >> 21);
-        gt += ok && b > bin;
-        eq += ok && b == bin;
-    }
-};
-
-/* Second gather step: each warp writes its keys above the bin to sel and
- * its keys in it to cand, from its own offsets (a prefix over the warps'
- * counts) onwards, in visiting order: no shared counter, no atomics (one
- * counter hit by every warp was the gather's bottleneck). */
+/* The gather step: the window's keys above the boundary bin go to sel,
+ * those in it to cand, in one read.  A thread classifies the N elements
+ * it holds, a warp scan of (above | in << 16) places them, and one shared
+ * atomic per warp and N x 32 elements (the two counts packed: both stay
+ * below 2^16) reserves the warp's slots: no per-element counter (one
+ * counter hit by every warp for every element was the gather's
+ * bottleneck once) and no counting pass before it.  The slots' order
+ * varies from run to run; sel and cand are sets, resolved by exact keys
+ * and sorted after. */
 struct it_place {
-    int bin, gt, eq; /* this warp's next slots */
+    int bin;
     kw_u64 *sel, *cand;
+    unsigned *count; /* above | in << 16 */
 
-    __device__ __forceinline__ void operator()(float s, int i, bool ok)
+    /* Element u V + c of s is at position p[u] + c, valid if ok[u]. */
+    template <int U, int V>
+    __device__ __forceinline__ void take(const float (&s)[U * V],
+                                         const int (&p)[U],
+                                         const bool (&ok)[U]) const
     {
-        const unsigned lane = threadIdx.x & 31, below = (1u << lane) - 1;
-        int b = (int)(it_mono(s) >> 21);
-        bool g = ok && b > bin, e = ok && b == bin;
-        unsigned bg = __ballot_sync(0xffffffffu, g);
-        unsigned be = __ballot_sync(0xffffffffu, e);
-        if (g)
-            sel[gt + __popc(bg & below)] = it_key(s, i);
-        if (e)
-            cand[eq + __popc(be & below)] = it_key(s, i);
-        gt += __popc(bg);
-        eq += __popc(be);
+        constexpr int N = U * V;
+        const int lane = threadIdx.x & 31;
+        unsigned gm = 0, em = 0;
+#pragma unroll
+        for (int e = 0; e < N; e++) {
+            const int b = (int)(it_mono(s[e]) >> 21);
+            gm |= (unsigned)(ok[e / V] && b > bin) << e;
+            em |= (unsigned)(ok[e / V] && b == bin) << e;
+        }
+        const unsigned mine = __popc(gm) | ((unsigned)__popc(em) << 16);
+        unsigned x = mine;
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+            unsigned y = __shfl_up_sync(0xffffffffu, x, off);
+            x += lane >= off ? y : 0u;
+        }
+        const unsigned tot = __shfl_sync(0xffffffffu, x, 31);
+        if (tot == 0)
+            return;
+        unsigned base = 0;
+        if (lane == 31)
+            base = atomicAdd(count, tot);
+        base = __shfl_sync(0xffffffffu, base, 31) + x - mine;
+        int og = (int)(base & 0xffffu), oe = (int)(base >> 16);
+#pragma unroll
+        for (int e = 0; e < N; e++) {
+            if ((gm >> e) & 1u)
+                sel[og++] = it_key(s[e], p[e / V] + e % V);
+            if ((em >> e) & 1u)
+                cand[oe++] = it_key(s[e], p[e / V] + e % V);
+        }
     }
 };
 
-/* Counts, then places, the window's keys above and in the boundary bin
- * (two reads of the window, each warp writing its own range).  wsum holds
- * 2 * warps ints of shared memory. */
-__device__ void it_gather(const float *__restrict__ row, int len, int bin,
-                          kw_u64 *sel, kw_u64 *cand, int *wsum)
+/* As it_visit, but f.take<N>() sees all N elements a thread holds at
+ * once: 16 of the body's loads, one of the head's or the tail's. */
+template <class F>
+__device__ __forceinline__ void it_visit_n(const float *__restrict__ row,
+                                           int len, const F &f)
 {
-    constexpr int W = IT_THREADS / 32;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    it_count c = {bin, 0, 0};
-    it_visit(row, len, c);
+    int head = (int)((16 - ((unsigned long long)row & 15)) & 15) / 4;
+    head = head < len ? head : len;
+    if (head > 0) {
+        const int i = threadIdx.x;
+        const float s[1] = {i < head ? __ldg(row + i) : 0.0f};
+        const int p[1] = {i};
+        const bool ok[1] = {i < head};
+        f.template take<1, 1>(s, p, ok);
+    }
+    const float4 *v = (const float4 *)(row + head);
+    const int nv = (len - head) / 4;
+    const int last = nv > 0 ? (nv - 1) / (4 * IT_THREADS) * (4 * IT_THREADS) : 0;
+    for (int jj = 0; jj < nv; jj += 4 * IT_THREADS) {
+        const int j0 = IT_BACK ? last - jj : jj;
+        float s[16];
+        int p[4];
+        bool ok[4];
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-        c.gt += __shfl_xor_sync(0xffffffffu, c.gt, off);
-        c.eq += __shfl_xor_sync(0xffffffffu, c.eq, off);
+        for (int u = 0; u < 4; u++) {
+            const int j = j0 + u * IT_THREADS + threadIdx.x;
+            const float4 x = j < nv ? __ldg(v + j) : make_float4(0, 0, 0, 0);
+            s[4 * u] = x.x;
+            s[4 * u + 1] = x.y;
+            s[4 * u + 2] = x.z;
+            s[4 * u + 3] = x.w;
+            p[u] = head + 4 * j;
+            ok[u] = j < nv;
+        }
+        f.template take<4, 4>(s, p, ok);
     }
-    if (lane == 0) {
-        wsum[warp] = c.gt;
-        wsum[W + warp] = c.eq;
+    for (int i0 = head + 4 * nv; i0 < len; i0 += IT_THREADS) {
+        const int i = i0 + threadIdx.x;
+        const float s[1] = {i < len ? __ldg(row + i) : 0.0f};
+        const int p[1] = {i};
+        const bool ok[1] = {i < len};
+        f.template take<1, 1>(s, p, ok);
     }
-    __syncthreads();
-    int og = 0, oe = 0;
-    for (int w = 0; w < warp; w++) {
-        og += wsum[w];
-        oe += wsum[W + w];
-    }
-    it_place pl = {bin, og, oe, sel, cand};
-    it_visit(row, len, pl);
+}
+
+/* Places the window's keys above and in the boundary bin (one read of
+ * the window); *count must be 0. */
+__device__ void it_gather(const float *__restrict__ row, int len, int bin,
+                          kw_u64 *sel, kw_u64 *cand, unsigned *count)
+{
+    const it_place pl = {bin, sel, cand, count};
+    it_visit_n(row, len, pl);
     __syncthreads();
 }
 
@@ -228,36 +342,10 @@ __device__ __forceinline__ void it_append(bool want, kw_u64 key, kw_u64 *buf,
         buf[base + __popc(bal & ((1u << lane) - 1))] = key;
 }
 
-/* Sorts a[0..n) descending (bitonic over the next power of two, padded
- * with 0, which is below every key: no position is 0xffffffff). */
-__device__ void it_sort(kw_u64 *a, int n)
-{
-    int p = 1;
-    while (p < n)
-        p <<= 1;
-    for (int i = n + threadIdx.x; i < p; i += IT_THREADS)
-        a[i] = 0;
-    __syncthreads();
-    for (int k = 2; k <= p; k <<= 1)
-        for (int j = k >> 1; j > 0; j >>= 1) {
-            for (int i = threadIdx.x; i < p; i += IT_THREADS) {
-                int ixj = i ^ j;
-                if (ixj > i) {
-                    kw_u64 x = a[i], y = a[ixj];
-                    bool desc = (i & k) == 0;
-                    if (desc ? x < y : x > y) {
-                        a[i] = y;
-                        a[ixj] = x;
-                    }
-                }
-            }
-            __syncthreads();
-        }
-}
-
 /* The exact key of the k-th largest (1-based, k <= n) of the n keys in
  * shared memory a, which share their top 8 bits (one boundary bin):
- * 8-bit radix passes over a, no global memory. */
+ * 8-bit radix passes over a, no global memory, until the bin of the k-th
+ * is wanted whole.  Returns a bound b: the k best are the keys >= b. */
 __device__ kw_u64 it_select_smem(const kw_u64 *a, int n, int k,
                                  unsigned *hist, it_ctl *ctl)
 {
@@ -275,77 +363,14 @@ __device__ kw_u64 it_select_smem(const kw_u64 *a, int n, int k,
         __syncthreads();
         k -= ctl->above;
         prefix |= (kw_u64)ctl->bin << shift;
+        /* Every key of the bin is wanted: its lowest possible key is as
+         * good a bound as the exact k-th (no key lies between them). */
+        const bool all = ctl->count == k;
         __syncthreads();
+        if (all)
+            return prefix;
     }
     return prefix;
-}
-
-/* One compare-exchange of the bitonic network, seen from index i: its
- * new key, given its partner's key y (partner i ^ j, stage (k, j)). */
-__device__ __forceinline__ kw_u64 it_pick(kw_u64 x, kw_u64 y, int i, int j,
-                                          int k)
-{
-    const bool keep_max = ((i & j) == 0) == ((i & k) == 0);
-    return keep_max ? (x > y ? x : y) : (x < y ? x : y);
-}
-
-/* In-thread stages (partner in the same thread's registers). */
-template <int E, int J>
-__device__ __forceinline__ void it_step_reg(kw_u64 *x, int k)
-{
-    kw_u64 y[E];
-#pragma unroll
-    for (int e = 0; e < E; e++)
-        y[e] = x[e ^ J];
-#pragma unroll
-    for (int e = 0; e < E; e++)
-        x[e] = it_pick(x[e], y[e], (int)threadIdx.x * E + e, J, k);
-}
-
-/* Sorts a[0..n) descending and writes the positions to out[0..n): a
- * bitonic network over E * IT_THREADS slots (padding 0) held E per thread
- * in registers; stages whose partner is in the same warp use shuffles,
- * only those across warps go through shared memory (10 of 66 for 2048
- * keys), so the sort costs a few dozen barriers instead of 66 x 2. */
-template <int E>
-__device__ void it_sort_emit(kw_u64 *a, int n, int *out)
-{
-    constexpr int P = E * IT_THREADS;
-    const int t = threadIdx.x;
-    kw_u64 x[E];
-#pragma unroll
-    for (int e = 0; e < E; e++)
-        x[e] = t * E + e < n ? a[t * E + e] : 0;
-    for (int k = 2; k <= P; k <<= 1)
-        for (int j = k >> 1; j > 0; j >>= 1) {
-            if (j >= 32 * E) {
-                __syncthreads();
-#pragma unroll
-                for (int e = 0; e < E; e++)
-                    a[t * E + e] = x[e];
-                __syncthreads();
-#pragma unroll
-                for (int e = 0; e < E; e++)
-                    x[e] = it_pick(x[e], a[(t * E + e) ^ j], t * E + e, j, k);
-            } else if (j >= E) {
-#pragma unroll
-                for (int e = 0; e < E; e++) {
-                    kw_u64 y = __shfl_xor_sync(0xffffffffu, x[e], j / E);
-                    x[e] = it_pick(x[e], y, t * E + e, j, k);
-                }
-            } else if (j == 1) {
-                it_step_reg<E, 1>(x, k);
-            } else if (E > 2 && j == 2) {
-                it_step_reg<E, (E > 2 ? 2 : 1)>(x, k);
-            } else if (E > 4 && j == 4) {
-                it_step_reg<E, (E > 4 ? 4 : 1)>(x, k);
-            }
-        }
-#pragma unroll
-    for (int e = 0; e < E; e++)
-        if (t * E + e < n)
-            out[t * E + e] = (int)(0xffffffffu - (unsigned)x[e]);
-    __syncthreads();
 }
 
 /* The exact key of the k-th largest (1-based, k <= len) element. */
@@ -373,25 +398,7 @@ __device__ kw_u64 it_select(const float *__restrict__ row, int len, int k,
     return prefix;
 }
 
-/* Writes the positions of sorted keys a[0..n) to out[r0..r0+n). */
-__device__ __forceinline__ void it_emit(const kw_u64 *a, int n, int *out)
-{
-    for (int i = threadIdx.x; i < n; i += IT_THREADS)
-        out[i] = (int)(0xffffffffu - (unsigned)a[i]);
-}
-
-/* Sorts the n winners in sel and writes their positions to out. */
-__device__ __forceinline__ void it_finish(kw_u64 *sel, int n, int *out)
-{
-    if (n > 2048)
-        it_sort_emit<8>(sel, n, out);
-    else if (n > 1024)
-        it_sort_emit<4>(sel, n, out);
-    else {
-        it_sort(sel, n);
-        it_emit(sel, n, out);
-    }
-}
+#include "kw_k_it_sort.cuh"
 
 /* Any k and window: chunks of IT_CAP ranks between exact selects. */
 __device__ void it_slow(const float *__restrict__ row, int len, int k,
@@ -461,8 +468,7 @@ __device__ int it_refine(const float *__restrict__ row, int len, int k,
     it_hist_in<SH, B> h = {hist, *pre};
     it_visit(row, len, h);
     __syncthreads();
-    if (threadIdx.x < 32)
-        it_find<(1 << B)>(hist, k, ctl);
+    it_find_all<(1 << B)>(hist, k, ctl);
     __syncthreads();
     *pre = (*pre << B) | (unsigned)ctl->bin;
     k -= ctl->above;
@@ -510,7 +516,7 @@ __device__ void it_ties(const float *__restrict__ row, int len, int bin,
                   &ctl->nsel);
     }
     __syncthreads();
-    it_finish(sel, TOPK, out);
+    it_finish<TOPK>(sel, TOPK, out, hist, cand, ctl);
 }
 
 /* TOPK <= IT_CAP: histogram, gather, sort.  False when the boundary bin
@@ -529,15 +535,16 @@ __device__ bool it_fast(const float *__restrict__ row, int len, int *out,
         it_hist h = {hist};
         it_visit(row, len, h);
         __syncthreads();
-        if (threadIdx.x < 32)
-            it_find<IT_BINS>(hist, TOPK, ctl);
+        it_find_all<IT_BINS>(hist, TOPK, ctl);
     } else if (threadIdx.x == 0) {
         ctl->bin = -1;
         ctl->above = len;
         ctl->count = 0;
     }
-    if (threadIdx.x == 0)
+    if (threadIdx.x == 0) {
         ctl->nsel = ctl->ncand = 0;
+        ctl->placed = 0;
+    }
     __syncthreads();
     const int bin = ctl->bin, above = ctl->above;
     if (ctl->count > IT_CAP) {
@@ -546,7 +553,7 @@ __device__ bool it_fast(const float *__restrict__ row, int len, int *out,
         it_ties<TOPK>(row, len, bin, above, out, hist, sel, cand, ctl);
         return true;
     }
-    it_gather(row, len, bin, sel, cand, ctl->wsum);
+    it_gather(row, len, bin, sel, cand, &ctl->placed);
     if (threadIdx.x == 0) {
         ctl->nsel = above;
         ctl->ncand = ctl->count;
@@ -565,14 +572,14 @@ __device__ bool it_fast(const float *__restrict__ row, int len, int *out,
         }
         __syncthreads();
     }
-    it_finish(sel, n, out);
+    it_finish<TOPK>(sel, n, out, hist, cand, ctl);
     return true;
 }
 
 /* Entry point: (logits, ks or row_end, ke or unused, num_rows, stride,
  * topk_pos); see kw_kernels.h. */
 template <int TOPK, bool WINDOWED>
-__global__ void __launch_bounds__(IT_THREADS, 2) kw_k_indexer_topk(
+__global__ void __launch_bounds__(IT_THREADS, IT_MINB) kw_k_indexer_topk(
     const float *__restrict__ logits, const int *__restrict__ ks,
     const int *__restrict__ ke, int num_rows, int stride,
     int *__restrict__ topk_pos)
