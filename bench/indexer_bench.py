@@ -259,13 +259,14 @@ def blocks_per_sm(kern):
 def prefill_split(kern, rows, num_k):
     """Grid y of a prefill launch: launch/op_indexer.c's prefill_split (a
     grid under one wave of resident blocks gets 4 waves' worth of parts,
-    at most one per 8192 rows of num_k; else 1)."""
+    at most one per 4096 rows of num_k; else 1)."""
     qb = kern.meta["queries"]
     x = (rows + qb - 1) // qb
     slots = blocks_per_sm(kern) * torch.cuda.get_device_properties(0).multi_processor_count
     if x >= slots:
         return 1
-    return max(1, min((4 * slots + x - 1) // x, num_k // 8192))
+    part = kern.meta.get("part_rows", 4096)   # an experiment's kernels.json may set it
+    return max(1, min((4 * slots + x - 1) // x, num_k // part))
 
 
 def decode_split(blocks, tiles, per_sm):

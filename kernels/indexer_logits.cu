@@ -112,7 +112,13 @@ typedef unsigned char kw_u8;
 #ifndef IL_REVERSE
 #define IL_REVERSE 1
 #endif
-#define IL_PART_TILES 64 /* tiles of a prefill part at least (grid y) */
+/* Tiles of a prefill part at least (grid y): 32 (2048 rows), with
+ * launch/'s KW_LAUNCH_PREFILL_PART_ROWS 4096.  64 had left the long
+ * context-parallel windows of 2048 queries x 8,192 rows at H 32 unsplit
+ * (1.32x DeepGEMM's time; 1.08x at 32, docs/perf.md). */
+#ifndef IL_PART_TILES
+#define IL_PART_TILES 32
+#endif
 #define IL_SMEM_BUDGET 217088
 
 __host__ __device__ constexpr int il_pow2ceil(int x)

@@ -123,7 +123,7 @@ typedef struct kw_k_dev {
  *       Grid: (ceil(T / kw_k_logits_queries()), split): any split >= 1
  *       (block y fills its share of the columns outside the block's
  *       window and, of a window of n tiles of 64 rows, computes part y of
- *       min(split, n / 64) near-equal parts); launch/ splits only a grid
+ *       min(split, n / 32) near-equal parts); launch/ splits only a grid
  *       under one wave of resident blocks.  Block:
  *       kw_k_block_threads() threads: 512 (four warpgroups, each scoring
  *       its own queries against every 64-row K tile of the block's

@@ -132,11 +132,13 @@ void kw__launch_params_stable(const int64_t *f, const kw_launch_deploy *d,
 
 /* The prefill split's bounds (prefill_split): waves of resident blocks
  * wanted when the grid is under one, and rows of num_k per part at least
- * (the kernel itself never gives a part under 4096 rows of its window;
- * at num_k 8192, 2048 causal queries of H 32, grid y 2 cost 33% while its
- * blocks past their parts still loaded their queries). */
+ * (the kernel itself never gives a part under 2048 rows of its window).
+ * 4096: at 8192, 2048 context-parallel queries of H 32 over 8,192 rows
+ * (windows of 1-2k and 6-7k rows, 128 blocks) ran unsplit at 1.32x
+ * DeepGEMM's time, at 4096 (y 2) at 1.08x; the other S 2048 H 32 shapes
+ * moved by -2% to +1.7% (docs/perf.md). */
 #define KW_LAUNCH_PREFILL_WAVES 4u
-#define KW_LAUNCH_PREFILL_PART_ROWS 8192u
+#define KW_LAUNCH_PREFILL_PART_ROWS 4096u
 
 int kw__launch_dispatch_logits(const kw_launch_deploy *d, const int64_t *a,
                                int64_t *f, char *err, size_t errlen)
@@ -204,7 +206,7 @@ static unsigned logits_per_sm(const int64_t *f)
  * (context-parallel chunks) leave the long blocks alone at the end.  It
  * then gets KW_LAUNCH_PREFILL_WAVES waves, at most one part per
  * KW_LAUNCH_PREFILL_PART_ROWS rows of num_k; the kernel uses only as many
- * parts as its window holds 4096 rows (64 tiles), and the rest of the
+ * parts as its window holds 2048 rows (32 tiles), and the rest of the
  * blocks only share the -inf fill.  On the H200 a part's set-up and
  * pipeline fill cost about four tiles, and a grid of two or more waves
  * gained nothing from splitting (docs/perf.md). */

@@ -426,7 +426,7 @@ Test(launch, every_warmed_key_has_the_kernels_block_shmem_and_a_grid_that_covers
 
 /* The prefill split: grid y is 1 once grid x fills a wave of resident
  * blocks (one block of 512 threads and 132 KiB an SM here), and below
- * that as many parts as make 4 waves, but no more than one per 8192 rows
+ * that as many parts as make 4 waves, but no more than one per 4096 rows
  * of num_k. */
 Test(launch, a_prefill_grid_under_one_wave_splits_its_windows_over_grid_y)
 {
@@ -438,9 +438,10 @@ Test(launch, a_prefill_grid_under_one_wave_splits_its_windows_over_grid_y)
         {1056, 65536, 132, 132, 1},  /* exactly one wave */
         {1048, 65536, 132, 131, 5},  /* just under: ceil(528 / 131) */
         {1024, 65536, 132, 128, 5},
-        {1024, 16384, 132, 128, 2},  /* one part per 8192 rows at most */
-        {1024, 16383, 132, 128, 1},
-        {8, 65536, 132, 1, 8},       /* 65536 / 8192 parts */
+        {1024, 16384, 132, 128, 4},  /* one part per 4096 rows at most */
+        {1024, 8192, 132, 128, 2},
+        {1024, 8191, 132, 128, 1},
+        {8, 65536, 132, 1, 16},      /* 65536 / 4096 parts */
         {8, 1 << 23, 132, 1, 528},   /* 4 waves of 132 */
         {1024, 65536, 78, 128, 1},   /* a smaller GPU: a wave is 78 */
     };
