@@ -94,6 +94,48 @@ struct it_ctl {
     kw_u64 red[2][IT_THREADS / 32]; /* it_sort_bucket's key range */
 };
 
+/* The inclusive sum of x over the warp's lanes up to this one. */
+template <class T>
+__device__ __forceinline__ T it_scan(T x)
+{
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const T y = __shfl_up_sync(0xffffffffu, x, off);
+        x += lane >= off ? y : (T)0;
+    }
+    return x;
+}
+
+/* it_find's step for the PER bins of slice i (counted from the top of
+ * NB), before keys lying in higher bins: the one holding the k-th. */
+template <int NB, int PER>
+__device__ __forceinline__ void it_claim(const unsigned *hist, int i,
+                                         int before, int k, it_ctl *ctl)
+{
+#pragma unroll
+    for (int j = 0; j < PER; j++) {
+        const int b = NB - 1 - PER * i - j, h = (int)hist[b];
+        if (before < k && k <= before + h) {
+            ctl->bin = b;
+            ctl->above = before;
+            ctl->count = h;
+        }
+        before += h;
+    }
+}
+
+/* The sum of the PER bins of slice i, counted from the top of NB. */
+template <int NB, int PER>
+__device__ __forceinline__ int it_slice(const unsigned *hist, int i)
+{
+    int s = 0;
+#pragma unroll
+    for (int j = 0; j < PER; j++)
+        s += (int)hist[NB - 1 - PER * i - j];
+    return s;
+}
+
 /* Warp 0: finds the bin (of NB, counted in hist) holding the k-th largest
  * key (1-based), with the number of keys in higher bins. */
 template <int NB>
@@ -102,25 +144,8 @@ __device__ __forceinline__ void it_find(const unsigned *hist, int k,
 {
     constexpr int PER = NB / 32;
     const int lane = threadIdx.x & 31;
-    int s = 0;
-    for (int j = 0; j < PER; j++)
-        s += (int)hist[NB - 1 - PER * lane - j];
-    int x = s;
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-        int y = __shfl_up_sync(0xffffffffu, x, off);
-        x += lane >= off ? y : 0;
-    }
-    int before = x - s;
-    for (int j = 0; j < PER; j++) {
-        int b = NB - 1 - PER * lane - j, h = (int)hist[b];
-        if (before < k && k <= before + h) {
-            ctl->bin = b;
-            ctl->above = before;
-            ctl->count = h;
-        }
-        before += h;
-    }
+    const int s = it_slice<NB, PER>(hist, lane), x = it_scan(s);
+    it_claim<NB, PER>(hist, lane, x - s, k, ctl);
 }
 
 /* All threads: it_find for NB >= IT_THREADS bins, each thread summing
@@ -133,32 +158,14 @@ __device__ __forceinline__ void it_find_all(const unsigned *hist, int k,
     constexpr int PER = NB / IT_THREADS;
     static_assert(PER >= 1 && NB % IT_THREADS == 0, "it_find_all: bins");
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-    int s = 0;
-#pragma unroll
-    for (int j = 0; j < PER; j++)
-        s += (int)hist[NB - 1 - PER * t - j];
-    int x = s;
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-        int y = __shfl_up_sync(0xffffffffu, x, off);
-        x += lane >= off ? y : 0;
-    }
+    const int s = it_slice<NB, PER>(hist, t), x = it_scan(s);
     if (lane == 31)
         ctl->wsum[warp] = x;
     __syncthreads();
     int before = x - s;
     for (int w = 0; w < warp; w++)
         before += ctl->wsum[w];
-#pragma unroll
-    for (int j = 0; j < PER; j++) {
-        const int b = NB - 1 - PER * t - j, h = (int)hist[b];
-        if (before < k && k <= before + h) {
-            ctl->bin = b;
-            ctl->above = before;
-            ctl->count = h;
-        }
-        before += h;
-    }
+    it_claim<NB, PER>(hist, t, before, k, ctl);
 }
 
 /* Calls f(score, position, valid) for every element of a window, with
@@ -245,12 +252,7 @@ struct it_place {
             em |= (unsigned)(ok[e / V] && b == bin) << e;
         }
         const unsigned mine = __popc(gm) | ((unsigned)__popc(em) << 16);
-        unsigned x = mine;
-#pragma unroll
-        for (int off = 1; off < 32; off <<= 1) {
-            unsigned y = __shfl_up_sync(0xffffffffu, x, off);
-            x += lane >= off ? y : 0u;
-        }
+        const unsigned x = it_scan(mine);
         const unsigned tot = __shfl_sync(0xffffffffu, x, 31);
         if (tot == 0)
             return;

@@ -172,12 +172,7 @@ __device__ __noinline__ bool it_sort_bucket(kw_u64 *sel, int n, int *out,
         sum += c[j];
         most = c[j] > most ? c[j] : most;
     }
-    unsigned x = sum;
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-        const unsigned y = __shfl_up_sync(0xffffffffu, x, off);
-        x += lane >= off ? y : 0u;
-    }
+    const unsigned x = it_scan(sum);
     if (lane == 31)
         ctl->wsum[warp] = (int)x;
     if (__syncthreads_or(most > IT_BKT))
