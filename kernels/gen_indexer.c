@@ -165,6 +165,15 @@ int kw__k_gen_logits(kw_k_case *c, const kw_k_shape *s, kw__k_rng *g)
     return c->fields[2] ? gen_decode(c, s, g) : gen_prefill(c, s, g);
 }
 
+/* A bell-shaped logit in (-6, 6), finite, ties as rare as for floats. */
+static float bell_logit(kw__k_rng *g)
+{
+    double x = 0;
+    for (int i = 0; i < 4; i++)
+        x += rand_unit(g);
+    return (float)((x - 2.0) * 3.0);
+}
+
 /* A logit: mostly bell-shaped, sometimes a tie (quarters in [-2, 2]),
  * -0.0, +0.0, +-inf or a NaN of either sign. */
 static float rand_logit(kw__k_rng *g)
@@ -178,10 +187,7 @@ static float rand_logit(kw__k_rng *g)
     }
     if (kw__k_chance(g, 200))
         return (float)kw__k_rand_in(g, -8, 8) / 4.0f;
-    double x = 0;
-    for (int i = 0; i < 4; i++)
-        x += rand_unit(g);
-    return (float)((x - 2.0) * 3.0);
+    return bell_logit(g);
 }
 
 /* A ReLU-weighted score: +0.0 or -0.0 (97%), else |logit|. */
@@ -209,10 +215,13 @@ int kw__k_gen_itopk(kw_k_case *c, const kw_k_shape *s, kw__k_rng *g)
         int64_t kind = kw__k_rand_in(g, 0, 7);
         float same = rand_logit(g);
         /* kind 0: one repeated value; kind 4: a ReLU plateau, mostly
-         * +0.0 and -0.0 (one tie), the rest positive */
+         * +0.0 and -0.0 (one tie), the rest positive; kind 5: bell-shaped
+         * only, as the indexer's own scores (no infinity widens the
+         * winners' range, so indexer_topk sorts them by bucket) */
         for (int32_t i = 0; i < cols; i++)
             row[i] = kind == 0 ? same
                      : kind == 4 ? plateau_logit(g)
+                     : kind == 5 ? bell_logit(g)
                                  : rand_logit(g);
         int32_t st = win && kind != 1 ? (int32_t)kw__k_rand_in(g, 0, cols) : 0;
         int32_t en = kind == 1 ? cols /* the whole row */
