@@ -116,7 +116,8 @@ __device__ __forceinline__ void it_emit(const kw_u64 *a, int n, int *out)
  * its bucket's keys (at most IT_BKT).  About seven barriers in all,
  * where the bitonic network had 66 stages: on the H200 the sort had
  * taken a third of the kernel's time (docs/perf.md).  Mass ties of one
- * score put their keys in one bucket and take the network.  Not inlined:
+ * score put their keys in one bucket and take the network, as do winners
+ * whose range an outlier (an infinity) stretches over many octaves.  Not inlined:
  * its own register allocation spills less (ptxas -v). */
 #define IT_BKT 32
 template <int TOPK>
