@@ -335,9 +335,9 @@ def topk_rows(a, kerns, x, ke, tag, res, replays=1):
     stable = torch.sort(xm, dim=1, descending=True, stable=True)[1][:, :ib.TOPK].to(torch.int32)
     boundary_bins(xm, tag, res)
     mt, _ = sustained(lambda: torch.topk(xm, ib.TOPK, dim=1, sorted=True), a.iters, a.rounds)
-    r = None
+    args = [x, ks, ke, R, N, out]
+    rs = []
     for name, kern in kerns.items():
-        args = [x, ks, ke, R, N, out]
         fn = lambda: kern((R,), args)  # noqa: E731
         same = 0
         for _ in range(replays):
@@ -345,12 +345,13 @@ def topk_rows(a, kerns, x, ke, tag, res, replays=1):
             same += int(torch.equal(out, stable))
         mk, _ = sustained(fn, a.iters, a.rounds)
         key = f"topk_{tag}" if len(kerns) == 1 else f"topk_{tag}_{name}"
-        r = res[key] = {"kwarm_ms": mk, "torch_ms": mt, "speedup": mt / mk,
-                        "replays": replays, "replays_equal_stable": same}
+        res[key] = {"kwarm_ms": mk, "torch_ms": mt, "speedup": mt / mk,
+                    "replays": replays, "replays_equal_stable": same}
+        rs.append((name, res[key]))
         print(f"topk {tag} {name}: kwarm {mk:.3f} ms, torch.topk {mt:.3f} ms ({mt / mk:.2f}x), "
               f"{same}/{replays} replays equal to the stable order", flush=True)
     if a.flashinfer:
-        flashinfer_rows(a, x, ke, stable, r, replays)
+        flashinfer_rows(a, x, ke, stable, rs, replays)
 
 
 def boundary_bins(xm, tag, res):
@@ -373,12 +374,13 @@ def boundary_bins(xm, tag, res):
           f"{q[2]:.0f} (max); {over} of {xm.shape[0]} rows over 4096", flush=True)
 
 
-def flashinfer_rows(a, x, ke, stable, r, replays):
+def flashinfer_rows(a, x, ke, stable, rs, replays):
     """FlashInfer's ragged top-k (bench/flashinfer_topk.cu) on the same
     rows, in its fastest mode and in its deterministic one with ties to
-    the lower index (kwarm's order).  It returns the top-k as a set (its
-    order is not the score order), so a replay counts as equal when its
-    sorted indices are the stable top-k's, sorted."""
+    the lower index (kwarm's order), recorded in each of rs' (name,
+    result) and set against each kernel's time.  It returns the top-k as
+    a set (its order is not the score order), so a replay counts as equal
+    when its sorted indices are the stable top-k's, sorted."""
     import ctypes
     lib = ctypes.CDLL(a.flashinfer)
     lib.kw_fi_topk_ragged.restype = ctypes.c_int
@@ -401,9 +403,11 @@ def flashinfer_rows(a, x, ke, stable, r, replays):
             fn()
             same += int(torch.equal(torch.sort(out, dim=1)[0], want))
         ms, _ = sustained(fn, a.iters, a.rounds)
-        r[f"flashinfer_{mode}_ms"] = ms
-        r[f"flashinfer_{mode}_replays_equal_stable_set"] = same
-        print(f"    FlashInfer {mode}: {ms:.3f} ms (kwarm {r['kwarm_ms'] / ms:.2f}x its time), "
+        for _, r in rs:
+            r[f"flashinfer_{mode}_ms"] = ms
+            r[f"flashinfer_{mode}_replays_equal_stable_set"] = same
+        vs = ", ".join(f"{name} {r['kwarm_ms'] / ms:.2f}x" for name, r in rs)
+        print(f"    FlashInfer {mode}: {ms:.3f} ms (kwarm's time as a multiple of it: {vs}), "
               f"{same}/{replays} replays the stable top-k set", flush=True)
 
 
